@@ -28,6 +28,10 @@ class Sequence:
         # tokens of the prompt taken from the prefix cache instead of being prefilled
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
+        # prefix-cache progress: leading blocks of block_table already hashed, and the last
+        # hash, so each step only hashes the pages it completed (reset when blocks are freed)
+        self.num_hashed_blocks = 0
+        self.last_block_hash: bytes | None = None
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:

@@ -1,0 +1,82 @@
+"""Attention over the paged KV cache.
+
+The pool of one layer is [num_pages, Hkv, 2, page_size, D]: for each (page, KV head) the K
+and V rows are one contiguous block, the unit the tiered cache moves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.step_context import StepContext
+
+
+def store_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> None:
+    # kv: [N, Hkv, 2, P, D]; k, v: [T, Hkv, D]
+    kv[ctx.slot_pages, :, 0, ctx.slot_offsets] = k
+    kv[ctx.slot_pages, :, 1, ctx.slot_offsets] = v
+
+
+def gather_kv(
+    kv: torch.Tensor, pages: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `length` K and V rows of one sequence: [Hkv, length, D] each."""
+    g = kv[pages]  # [n, Hkv, 2, P, D]
+    n, hkv, _, p, d = g.shape
+    k = g[:, :, 0].transpose(0, 1).reshape(hkv, n * p, d)[:, :length]
+    v = g[:, :, 1].transpose(0, 1).reshape(hkv, n * p, d)[:, :length]
+    return k, v
+
+
+def causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor | None:
+    """Boolean mask [q_len, kv_len] (True = attend); None when plain causal SDPA applies."""
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= q_pos - k_pos < window
+    return mask
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: torch.Tensor,
+    ctx: StepContext,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D] (k, v: this step's rows, already stored in kv) -> [T, Hq, D]."""
+    if ctx.decode_only and q.is_cuda and ctx.sliding_window is None:
+        from kernels.paged_decode import paged_decode_attention
+
+        return paged_decode_attention(q, kv, ctx.block_tables, ctx.kv_lens_t, scale)
+    return _attention_per_sequence(q, k, v, kv, ctx, scale)
+
+
+def _attention_per_sequence(q, k, v, kv, ctx: StepContext, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
+    start = 0
+    for q_len, kv_len, pages in zip(ctx.query_lens, ctx.kv_lens, ctx.page_lists, strict=True):
+        end = start + q_len
+        if kv_len == q_len:  # the whole sequence is in this step: no need to read the cache
+            ks, vs = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+        else:
+            ks, vs = gather_kv(kv, pages, kv_len)
+        window = ctx.sliding_window if ctx.sliding_window and kv_len > ctx.sliding_window else None
+        qs = q[start:end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
+        if q_len == 1 and window is None:
+            o = F.scaled_dot_product_attention(qs, ks[None], vs[None], scale=scale, enable_gqa=True)
+        elif q_len == kv_len and window is None:
+            o = F.scaled_dot_product_attention(
+                qs, ks[None], vs[None], is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:
+            mask = causal_mask(q_len, kv_len, window, q.device)
+            o = F.scaled_dot_product_attention(
+                qs, ks[None], vs[None], attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        out[start:end] = o[0].transpose(0, 1)
+        start = end
+    return out

@@ -1,0 +1,36 @@
+"""The paged KV pool: allocated once, one view per layer.
+
+Layout [layers, pages, kv_heads, 2, page_size, head_dim]: for every (layer, page, KV head)
+the K rows and then the V rows form one contiguous block (4 KB for SmolLM2 in bf16 and
+8 KB for a Llama-3-8B head), the unit the tiered cache will move as one transfer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig
+
+
+class KVCache:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.num_pages, self.page_size = num_pages, page_size
+        shape = (cfg.num_layers, num_pages, cfg.num_kv_heads, 2, page_size, cfg.head_dim)
+        self.pool = torch.empty(shape, dtype=dtype, device=device)
+        self.layers = list(self.pool.unbind(0))  # per-layer views [pages, Hkv, 2, P, D]
+
+    @staticmethod
+    def bytes_per_page(cfg: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return cfg.num_layers * cfg.num_kv_heads * 2 * page_size * cfg.head_dim * elem
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.numel() * self.pool.element_size()

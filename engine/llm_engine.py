@@ -1,0 +1,393 @@
+"""The public engine API: load a model, then generate, stream or chat.
+
+    engine = Engine.load()                        # the default model, on the best device
+    print(engine.chat([{"role": "user", "content": "Hi"}]).text)
+    for event in engine.stream("Once upon a time", SamplingParams(max_tokens=20)):
+        print(event.text, end="")
+
+Requests share the continuous-batching loop: every `step()` runs one forward pass over all
+running sequences. A stream drives `step()` from the thread that iterates it and can be
+cancelled from any other thread; the tokens produced so far are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig
+from engine.detokenizer import Detokenizer
+from engine.errors import ContextTooLongError, EngineError
+from engine.loader import (
+    build_model,
+    init_dummy_weights,
+    load_checkpoint_weights,
+    load_tokenizer,
+    read_config,
+    resolve_source,
+)
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    completion_tokens: int = 0
+    ttft_s: float = 0.0  # request start to first sampled token
+    total_s: float = 0.0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def decode_tok_s(self) -> float:
+        decode_s = self.total_s - self.ttft_s
+        return (
+            (self.completion_tokens - 1) / decode_s
+            if self.completion_tokens > 1 and decode_s > 0
+            else 0.0
+        )
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill_tokens / self.ttft_s if self.ttft_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class StreamEvent:
+    kind: str  # "prefill" (progress), "token" (new text), "done"
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the cache so far
+    prompt_tokens: int = 0
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: GenerationStats
+
+
+class Request:
+    def __init__(self, seq: Sequence, detok: Detokenizer | None):
+        self.seq, self.detok = seq, detok
+        self.events: deque[StreamEvent] = deque()
+        self.cancelled = threading.Event()
+        self.start = time.perf_counter()
+        self.stats = GenerationStats(prompt_tokens=seq.num_prompt_tokens)
+
+    @property
+    def done(self) -> bool:
+        return self.seq.is_finished
+
+    @property
+    def text(self) -> str:
+        return self.detok.text if self.detok else ""
+
+
+class Stream:
+    """Iterator over a request's events; `cancel()` is safe from another thread."""
+
+    def __init__(self, engine: Engine, request: Request):
+        self.engine, self.request = engine, request
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        req = self.request
+        while True:
+            while req.events:
+                event = req.events.popleft()
+                yield event
+                if event.kind == "done":
+                    return
+            self.engine.step()
+
+    def cancel(self) -> None:
+        self.request.cancelled.set()
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.seq.completion_token_ids
+
+    @property
+    def text(self) -> str:
+        return self.request.text
+
+
+def _pick_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+        if dtype not in names:
+            raise EngineError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+        return names[dtype]
+    return dtype
+
+
+class Engine:
+    def __init__(
+        self,
+        model,
+        model_config: ModelConfig,
+        tokenizer,
+        config: EngineConfig | None = None,
+        device: torch.device = torch.device("cpu"),
+        dtype: torch.dtype = torch.float32,
+        name: str = "",
+    ):
+        self.model, self.model_config, self.tokenizer = model, model_config, tokenizer
+        self.config = config or EngineConfig()
+        self.device, self.dtype, self.name = device, dtype, name
+        self.max_model_len = min(
+            self.config.max_model_len or model_config.context_window, model_config.context_window
+        )
+        num_pages = self._num_pages()
+        self.block_manager = BlockManager(
+            num_pages, self.config.page_size, self.config.enable_prefix_caching
+        )
+        eos = set(model_config.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = eos
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            eos_token_ids=eos,
+        )
+        self.runner = ModelRunner(
+            model, model_config, self.config, self.max_model_len, num_pages, device, dtype
+        )
+        self.requests: dict[int, Request] = {}
+        self._lock = threading.RLock()
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path | None = None,
+        device: str | torch.device | None = "auto",
+        dtype: str | torch.dtype | None = "auto",
+        config: EngineConfig | None = None,
+        seed: int = 0,
+    ) -> Engine:
+        """model: None for the default model, a .gguf file, a checkpoint directory, a repo id
+        in the local Hugging Face cache, or "dummy:PRESET" (random weights of a real shape)."""
+        dev = _pick_device(device)
+        dt = _pick_dtype(dtype, dev)
+        source = resolve_source(model)
+        cfg = read_config(source)
+        net = build_model(cfg, dev, dt)
+        if source.kind == "dummy":
+            init_dummy_weights(net, seed)
+        else:
+            load_checkpoint_weights(net, source.path)
+        tokenizer = load_tokenizer(source)
+        return cls(net, cfg, tokenizer, config, dev, dt, name=source.name)
+
+    def _num_pages(self) -> int:
+        cfg, P = self.config, self.config.page_size
+        if cfg.num_pages:
+            return cfg.num_pages
+        from engine.kv_cache import KVCache
+
+        page_bytes = KVCache.bytes_per_page(self.model_config, P, self.dtype)
+        if cfg.kv_cache_memory:
+            return max(1, cfg.kv_cache_memory // page_bytes)
+        window_pages = -(-self.max_model_len // P)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * 0.85) - (2 << 30)  # leave room for activations and graphs
+            want = window_pages * cfg.max_num_seqs
+            return max(window_pages, min(want, budget // page_bytes))
+        # CPU: room for a few full windows, capped at 4 GiB
+        return max(
+            window_pages, min(window_pages * min(cfg.max_num_seqs, 4), (4 << 30) // page_bytes)
+        )
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return list(ids)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
+        params = params or SamplingParams()
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise EngineError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ContextTooLongError(len(ids), self.max_model_len)
+        room = self.max_model_len - len(ids)
+        if params.max_tokens > room:
+            params = dataclasses.replace(params, max_tokens=room)
+        seq = Sequence(ids, params)
+        detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        req = Request(seq, detok)
+        with self._lock:
+            self.requests[seq.seq_id] = req
+            self.scheduler.add(seq)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> None:
+        """One forward pass over every running sequence; events go to each request."""
+        with self._lock:
+            for req in list(self.requests.values()):
+                if req.cancelled.is_set() and not req.done:
+                    self.scheduler.finish(req.seq, "cancelled")
+                    self._finish(req)
+            if not self.scheduler.has_unfinished():
+                return
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                raise EngineError("the KV cache is too small for the waiting request")
+            sampled = self.runner.run(out)
+            now = time.perf_counter()
+            finished = self.scheduler.postprocess(out, sampled)
+            for item in out.scheduled:
+                req = self.requests.get(item.seq.seq_id)
+                if req is not None:
+                    self._emit(req, item, sampled, now)
+            for seq in finished:
+                req = self.requests.get(seq.seq_id)
+                if req is not None and req.seq.is_finished:
+                    self._finish(req)
+
+    def _emit(self, req: Request, item, sampled: dict[int, int], now: float) -> None:
+        seq = req.seq
+        if not item.samples:
+            req.events.append(
+                StreamEvent(
+                    "prefill",
+                    prefilled=seq.num_computed_tokens,
+                    prompt_tokens=seq.num_prompt_tokens,
+                )
+            )
+            return
+        token = sampled[seq.seq_id]
+        if req.stats.completion_tokens == 0:
+            req.stats.ttft_s = now - req.start
+            req.stats.cached_tokens = seq.num_cached_tokens
+            req.events.append(
+                StreamEvent(
+                    "prefill", prefilled=seq.num_prompt_tokens, prompt_tokens=seq.num_prompt_tokens
+                )
+            )
+        req.stats.completion_tokens += 1
+        text = ""
+        if req.detok is not None and token not in self.eos_token_ids:
+            req.detok.add(token)
+            text = req.detok.delta()
+            if req.detok.stopped and not seq.is_finished:
+                self.scheduler.finish(seq, "stop")
+        req.events.append(StreamEvent("token", text=text, token_ids=[token]))
+
+    def _finish(self, req: Request) -> None:
+        if any(e.kind == "done" for e in req.events) or req.seq.seq_id not in self.requests:
+            return
+        req.stats.total_s = time.perf_counter() - req.start
+        tail = req.detok.delta(final=True) if req.detok else ""
+        if tail:
+            req.events.append(StreamEvent("token", text=tail))
+        req.events.append(StreamEvent("done", finish_reason=req.seq.finish_reason, stats=req.stats))
+        self.runner.release(req.seq.seq_id)
+        del self.requests[req.seq.seq_id]
+
+    # -- convenience -----------------------------------------------------------------------
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Stream:
+        return Stream(self, self.add_request(prompt, params))
+
+    def chat_stream(self, messages: list[dict], params: SamplingParams | None = None) -> Stream:
+        return self.stream(self.chat_tokens(messages), params)
+
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        while not all(r.done for r in reqs):
+            self.step()
+        return [
+            Completion(r.text, r.seq.completion_token_ids, r.seq.finish_reason or "", r.stats)
+            for r in reqs
+        ]
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Completion:
+        return self.generate([self.chat_tokens(messages)], params)[0]
+
+
+def prompt_logits(engine: Engine, token_ids: list[int]) -> torch.Tensor:
+    """Logits [T, V] for every position of one prompt, in one forward over the paged cache.
+
+    For correctness checks and perplexity; it borrows pages (bypassing the prefix cache, so
+    every position is computed) and returns them."""
+    from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+    seq = Sequence(list(token_ids), SamplingParams(max_tokens=1))
+    bm, runner = engine.block_manager, engine.runner
+    with engine._lock:
+        caching, bm.enable_prefix_caching = bm.enable_prefix_caching, False
+        try:
+            if not bm.can_allocate(seq):
+                raise EngineError("the KV cache has no room for this prompt")
+            bm.allocate(seq)
+        finally:
+            bm.enable_prefix_caching = caching
+        try:
+            out = SchedulerOutput([ScheduledSeq(seq, len(seq), True)], [])
+            ids, positions, pages, offsets, rope_lens, _, qlens, kvlens, plists = runner.prepare(
+                out
+            )
+            with torch.inference_mode():
+                hidden = runner.eager_hidden(
+                    ids, positions, pages, offsets, rope_lens, qlens, kvlens, plists
+                )
+                return engine.model.compute_logits(hidden).float()
+        finally:
+            bm.free(seq)

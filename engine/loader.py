@@ -1,0 +1,221 @@
+"""Model loading: a .gguf file, a Hugging Face checkpoint directory, or dummy weights.
+
+GGUF files are dequantized once (engine.gguf_file) into a cached checkpoint directory, so
+every source ends up as config.json + safetensors + tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError, ModelNotFoundError
+from engine.model import CausalLM
+
+# Real model shapes for benchmarks with random weights (`dummy:llama-3.1-8b`).
+DUMMY_PRESETS: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "eos_token_id": [128001, 128008, 128009],
+    },
+    "smollm2-135m": {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+    },
+}
+
+
+@dataclass(slots=True)
+class ModelSource:
+    kind: str  # "checkpoint" | "dummy"
+    name: str  # what the user asked for, for messages
+    path: Path | None = None  # checkpoint directory
+    hf_config: dict[str, Any] | None = None
+
+
+def resolve_source(model: str | os.PathLike | None) -> ModelSource:
+    """Turn what the user passed to --model into a checkpoint directory or a dummy config."""
+    if model is None or str(model) in ("", "default"):
+        from engine.default_model import default_model_path
+
+        model = default_model_path()
+    name = str(model)
+    if name.startswith("dummy"):
+        return _dummy_source(name)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or (path.is_file() and _is_gguf(path)):
+        from engine.gguf_file import gguf_to_checkpoint
+
+        return ModelSource("checkpoint", name, gguf_to_checkpoint(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json; not a Hugging Face checkpoint")
+        return ModelSource("checkpoint", name, path)
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a .gguf file nor a checkpoint directory")
+    cached = _hf_cache_snapshot(name)
+    if cached is not None:
+        return ModelSource("checkpoint", name, cached)
+    raise ModelNotFoundError(
+        f"model not found: {name} (not a file, a directory, or a repo id in the local Hugging Face cache)"
+    )
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _dummy_source(name: str) -> ModelSource:
+    _, _, spec = name.partition(":")
+    spec = spec or "smollm2-135m"
+    if spec in DUMMY_PRESETS:
+        return ModelSource("dummy", name, hf_config=dict(DUMMY_PRESETS[spec]))
+    path = Path(spec).expanduser()
+    config = path / "config.json" if path.is_dir() else path
+    if not config.is_file():
+        presets = ", ".join(DUMMY_PRESETS)
+        raise ModelNotFoundError(
+            f"unknown dummy model {spec!r}; use one of {presets} or a config.json path"
+        )
+    return ModelSource(
+        "dummy", name, path if path.is_dir() else None, json.loads(config.read_text())
+    )
+
+
+def _hf_cache_snapshot(repo_id: str) -> Path | None:
+    if repo_id.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not cached, or the hub library is absent: not a repo id we can use
+        return None
+
+
+def read_config(source: ModelSource) -> ModelConfig:
+    if source.hf_config is not None:
+        return ModelConfig.from_hf(source.hf_config)
+    return ModelConfig.from_file(source.path / "config.json")
+
+
+def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """Allocate the model on `device` without running any weight initialisation."""
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    return model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+
+
+def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
+    gen = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+
+
+def _target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
+    """HF tensor name -> (our parameter, row start, row count) or None to skip it."""
+    name = name.removeprefix("model.")
+    if name.startswith("lm_head") and cfg.tie_word_embeddings:
+        return None
+    if "rotary_emb" in name:
+        return None
+    q, kv, i = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    fused = {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
+        "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
+        "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0, i),
+        "mlp.up_proj": ("mlp.gate_up_proj", i, i),
+    }
+    for hf, (ours, start, rows) in fused.items():
+        if f".{hf}." in name:
+            return name.replace(hf, ours), start, rows
+    return name, 0, -1
+
+
+def load_checkpoint_weights(model: CausalLM, directory: Path) -> None:
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory} has no .safetensors weights")
+    params = dict(model.named_parameters())
+    filled: dict[str, int] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    target = _target(key, model.cfg)
+                    if target is None:
+                        continue
+                    ours, start, rows = target
+                    if ours not in params:
+                        raise ModelLoadError(f"{file.name}: unexpected tensor {key!r}")
+                    tensor = f.get_tensor(key)
+                    dest = params[ours] if rows < 0 else params[ours].narrow(0, start, rows)
+                    if dest.shape != tensor.shape:
+                        raise ModelLoadError(
+                            f"{file.name}: {key} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                        )
+                    dest.copy_(tensor)
+                    filled[ours] = filled.get(ours, 0) + tensor.numel()
+        except (OSError, RuntimeError) as e:  # truncated or corrupt safetensors
+            raise ModelLoadError(f"cannot read {file}: {str(e).splitlines()[0]}") from None
+    missing = [n for n, p in params.items() if filled.get(n, 0) != p.numel()]
+    if missing:
+        raise ModelLoadError(
+            f"checkpoint {directory} lacks weights for {missing[0]} (+{len(missing) - 1} more)"
+        )
+
+
+def load_tokenizer(source: ModelSource):
+    if source.path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(source.path))
+    except Exception as e:  # transformers raises many types here
+        raise ModelLoadError(
+            f"cannot load the tokenizer from {source.path}: {str(e).splitlines()[0]}"
+        ) from None

@@ -1,0 +1,212 @@
+"""Runs one scheduled step on the model: builds the step's tensors, runs the forward pass
+(through a captured CUDA graph for decode batches on GPU), and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.kv_cache import KVCache
+from engine.model import CausalLM
+from engine.rope import RotaryEmbedding
+from engine.sampler import sample
+from engine.scheduler import SchedulerOutput
+from engine.step_context import StepContext
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        cfg: ModelConfig,
+        engine_cfg: EngineConfig,
+        max_model_len: int,
+        num_pages: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.model, self.cfg, self.engine_cfg = model, cfg, engine_cfg
+        self.device, self.dtype = device, dtype
+        self.page_size = engine_cfg.page_size
+        self.max_model_len = max_model_len
+        self.max_pages = -(-max_model_len // self.page_size)
+        # the last page is scratch: padded rows of a CUDA-graph batch write their KV there
+        self.kv = KVCache(cfg, num_pages + 1, self.page_size, dtype, device)
+        self.scratch_page = num_pages
+        self.rope = RotaryEmbedding(cfg, max_model_len, device, dtype)
+        self.generators: dict[int, torch.Generator] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.use_graphs = (
+            engine_cfg.cuda_graphs and device.type == "cuda" and cfg.rope_type != "dynamic"
+        )
+        if self.use_graphs:
+            self.capture_graphs()
+
+    # -- step inputs ---------------------------------------------------------------------
+
+    def _to_device(self, values: list[int], dtype=torch.long) -> torch.Tensor:
+        t = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def prepare(self, out: SchedulerOutput):
+        ids, positions, pages, offsets, rope_lens, sample_idx = [], [], [], [], [], []
+        query_lens, kv_lens, page_lists = [], [], []
+        P = self.page_size
+        for item in out.scheduled:
+            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
+            end = start + n
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            pages += [seq.block_table[p // P] for p in range(start, end)]
+            offsets += [p % P for p in range(start, end)]
+            rope_lens += [end] * n
+            query_lens.append(n)
+            kv_lens.append(end)
+            page_lists.append(seq.block_table[: -(-end // P)])
+            if item.samples:
+                sample_idx.append(len(ids) - 1)
+        return (
+            ids,
+            positions,
+            pages,
+            offsets,
+            rope_lens,
+            sample_idx,
+            query_lens,
+            kv_lens,
+            page_lists,
+        )
+
+    # -- execution -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> dict[int, int]:
+        """Run one step; returns the sampled token for each sequence that samples."""
+        (ids, positions, pages, offsets, rope_lens, sample_idx,
+         query_lens, kv_lens, page_lists) = self.prepare(out)  # fmt: skip
+        decode_only = all(q == 1 for q in query_lens)
+        bs = len(query_lens)
+        if (
+            self.use_graphs
+            and decode_only
+            and self._graph_size(bs) is not None
+            and not self._windowed(kv_lens)
+        ):
+            logits = self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists)
+        else:
+            hidden = self.eager_hidden(
+                ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists
+            )
+            logits = self.model.compute_logits(hidden[self._to_device(sample_idx)])
+        sampling = [item for item in out.scheduled if item.samples]
+        params = [item.seq.params for item in sampling]
+        gens = [self._generator(item.seq) for item in sampling]
+        tokens = sample(logits[: len(sampling)].float(), params, gens)
+        return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
+
+    def eager_hidden(
+        self, ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists
+    ):
+        """Forward pass without CUDA graphs: final hidden states [T, hidden]."""
+        ctx = StepContext(
+            page_size=self.page_size,
+            slot_pages=self._to_device(pages),
+            slot_offsets=self._to_device(offsets),
+            query_lens=query_lens,
+            kv_lens=kv_lens,
+            page_lists=[self._to_device(p) for p in page_lists],
+            sliding_window=self.cfg.sliding_window,
+        )
+        ctx.cos, ctx.sin = self.rope(
+            self._to_device(positions), rope_lens if self.rope.dynamic else None
+        )
+        return self.model(self._to_device(ids), self.kv.layers, ctx)
+
+    def _windowed(self, kv_lens: list[int]) -> bool:
+        w = self.cfg.sliding_window
+        return w is not None and max(kv_lens) > w
+
+    def _generator(self, seq) -> torch.Generator | None:
+        if seq.params.greedy:
+            return None
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            if seq.params.seed is not None:
+                gen.manual_seed(seq.params.seed)
+            else:
+                gen.seed()
+            self.generators[seq.seq_id] = gen
+        return gen
+
+    def release(self, seq_id: int) -> None:
+        self.generators.pop(seq_id, None)
+
+    # -- CUDA graphs for decode ----------------------------------------------------------
+
+    def _graph_size(self, bs: int) -> int | None:
+        return next((s for s in sorted(self.graphs) if s >= bs), None)
+
+    def _graph_sizes(self) -> list[int]:
+        sizes = [1, 2, 4, 8] + list(range(16, self.engine_cfg.max_num_seqs + 1, 16))
+        return [s for s in sizes if s <= max(1, self.engine_cfg.max_num_seqs)]
+
+    def _decode_forward(self, n: int) -> torch.Tensor:
+        b = self.gbuf
+        ctx = StepContext(
+            page_size=self.page_size,
+            slot_pages=b["pages"][:n],
+            slot_offsets=b["offsets"][:n],
+            block_tables=b["block_tables"][:n],
+            kv_lens_t=b["kv_lens"][:n],
+            decode_only=True,
+        )
+        ctx.cos, ctx.sin = self.rope(b["positions"][:n])
+        hidden = self.model(b["ids"][:n], self.kv.layers, ctx)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        sizes = self._graph_sizes()
+        n = max(sizes)
+        dev = self.device
+        self.gbuf = {
+            "ids": torch.zeros(n, dtype=torch.long, device=dev),
+            "positions": torch.zeros(n, dtype=torch.long, device=dev),
+            "pages": torch.full((n,), self.scratch_page, dtype=torch.long, device=dev),
+            "offsets": torch.zeros(n, dtype=torch.long, device=dev),
+            "block_tables": torch.full(
+                (n, self.max_pages), self.scratch_page, dtype=torch.int32, device=dev
+            ),
+            "kv_lens": torch.ones(n, dtype=torch.int32, device=dev),
+        }
+        self.graph_logits: dict[int, torch.Tensor] = {}
+        pool = None
+        for size in sorted(sizes, reverse=True):
+            self._decode_forward(size)  # warm-up: triton compiles, allocator settles
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.graph_logits[size] = self._decode_forward(size)
+            pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+
+    def _run_graph(self, ids, positions, pages, offsets, kv_lens, page_lists) -> torch.Tensor:
+        bs = len(ids)
+        size = self._graph_size(bs)
+        pad = size - bs
+        b = self.gbuf
+        table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32)
+        for i, pl in enumerate(page_lists):
+            table[i, : len(pl)] = torch.tensor(pl, dtype=torch.int32)
+        b["ids"][:size].copy_(self._to_device(ids + [0] * pad))
+        b["positions"][:size].copy_(self._to_device(positions + [0] * pad))
+        b["pages"][:size].copy_(self._to_device(pages + [self.scratch_page] * pad))
+        b["offsets"][:size].copy_(self._to_device(offsets + [0] * pad))
+        b["kv_lens"][:size].copy_(self._to_device(kv_lens + [1] * pad, torch.int32))
+        b["block_tables"][:size].copy_(table.pin_memory().to(self.device, non_blocking=True))
+        self.graphs[size].replay()
+        return self.graph_logits[size][:bs]

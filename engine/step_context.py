@@ -1,0 +1,27 @@
+"""Per-step metadata for the forward pass: which tokens belong to which sequence, where
+their KV goes, and which pages each sequence reads. Built once per step by the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class StepContext:
+    page_size: int
+    # per token, on the model's device
+    slot_pages: torch.Tensor  # [T] page id where the token's KV is written
+    slot_offsets: torch.Tensor  # [T] offset inside that page
+    cos: torch.Tensor | None = None  # [T, 1, D]
+    sin: torch.Tensor | None = None
+    # per sequence, host side (the reference path loops over sequences)
+    query_lens: list[int] | None = None
+    kv_lens: list[int] | None = None  # KV length after this step's tokens are written
+    page_lists: list[torch.Tensor] | None = None  # [ceil(kv_len / page_size)] page ids each
+    # per sequence, device side (decode kernel; static shapes so CUDA graphs apply)
+    block_tables: torch.Tensor | None = None  # [B, max_pages] int32
+    kv_lens_t: torch.Tensor | None = None  # [B] int32
+    decode_only: bool = False
+    sliding_window: int | None = None

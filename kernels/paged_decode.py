@@ -1,0 +1,148 @@
+"""Paged decode attention: one query token per sequence over its pages, GQA-aware, split-K.
+
+Three parts: the Triton kernel, its launcher, and the pure-torch reference.
+Grid: (batch, KV head, split). Each program reads the pages of one KV head in its split for
+all the query heads of that GQA group (the pages are read once per group), keeps an online
+softmax in fp32, and writes a partial (max, sum, acc); a combine step merges the splits.
+The split ranges are computed from the sequence length inside the kernel, so shapes stay
+static across steps and the launch can live inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _paged_decode_kernel(
+        Q, KV, BT, LENS, ACC, M, L,
+        scale,
+        s_qb, s_qh,
+        s_kvp, s_kvh, s_kvkv, s_kvt,
+        s_btb,
+        s_ab, s_ah, s_as,
+        s_mb, s_mh,
+        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        length = tl.load(LENS + b)
+        n_blocks = tl.cdiv(length, BLOCK_N)
+        per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+        blk_lo = s * per_split
+        blk_hi = tl.minimum(blk_lo + per_split, n_blocks)
+
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        q_mask = g < G
+        q = tl.load(
+            Q + b * s_qb + (h * G + g)[:, None] * s_qh + d[None, :], mask=q_mask[:, None], other=0.0
+        )
+
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for blk in range(blk_lo, blk_hi):
+            t = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            t_mask = t < length
+            page = tl.load(BT + b * s_btb + t // P, mask=t_mask, other=0)
+            row = KV + page.to(tl.int64) * s_kvp + h * s_kvh + (t % P) * s_kvt
+            k = tl.load(row[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+            v = tl.load(row[:, None] + s_kvkv + d[None, :], mask=t_mask[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * scale  # [GP, BLOCK_N], fp32
+            scores = tl.where(t_mask[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        heads = h * G + g
+        tl.store(
+            ACC + b * s_ab + heads[:, None] * s_ah + s * s_as + d[None, :],
+            acc,
+            mask=q_mask[:, None],
+        )
+        tl.store(M + b * s_mb + heads * s_mh + s, m_i, mask=q_mask)
+        tl.store(L + b * s_mb + heads * s_mh + s, l_i, mask=q_mask)
+
+
+def _combine(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    # acc: [B, Hq, S, D], m/l: [B, Hq, S]; empty splits have m = -inf and l = 0
+    m_max = m.amax(-1, keepdim=True)
+    w = torch.exp(m - m_max)  # [B, Hq, S]
+    num = (acc * w[..., None]).sum(2)
+    den = (l * w).sum(-1, keepdim=True)
+    return num / den
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    block_tables: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    block_n: int = 64,
+) -> torch.Tensor:
+    """q: [B, Hq, D]; kv: [N, Hkv, 2, P, D]; block_tables: [B, max_pages] int32;
+    kv_lens: [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype."""
+    B, Hq, D = q.shape
+    _, Hkv, two, P, Dk = kv.shape
+    assert two == 2 and Dk == D and Hq % Hkv == 0, (q.shape, kv.shape)
+    assert block_tables.shape[0] == B and kv_lens.shape == (B,)
+    assert q.stride(-1) == 1 and kv.stride(-1) == 1
+    if not (HAS_TRITON and q.is_cuda):
+        return paged_decode_reference(q, kv, block_tables, kv_lens, scale)
+    G = Hq // Hkv
+    if num_splits is None:
+        # enough programs to cover the SMs at batch 1; empty splits exit at once
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        num_splits = max(1, min(64, math.ceil(2 * sms / (B * Hkv))))
+    acc = torch.empty(B, Hq, num_splits, D, device=q.device, dtype=torch.float32)
+    m = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    _paged_decode_kernel[(B, Hkv, num_splits)](
+        q, kv, block_tables, kv_lens, acc, m, l,
+        scale,
+        q.stride(0), q.stride(1),
+        kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
+        block_tables.stride(0),
+        acc.stride(0), acc.stride(1), acc.stride(2),
+        m.stride(0), m.stride(1),
+        G=G, GP=max(16, triton.next_power_of_2(G)), D=D, P=P,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits,
+    )  # fmt: skip
+    return _combine(acc, m, l).to(q.dtype)
+
+
+def paged_decode_reference(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    block_tables: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Pure torch: gather each sequence's pages, then softmax attention in fp32."""
+    B, Hq, D = q.shape
+    Hkv, P = kv.shape[1], kv.shape[3]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(kv_lens[b])
+        pages = block_tables[b, : (n + P - 1) // P].long()
+        g = kv[pages].float()  # [n_pages, Hkv, 2, P, D]
+        k = g[:, :, 0].transpose(0, 1).reshape(Hkv, -1, D)[:, :n]
+        v = g[:, :, 1].transpose(0, 1).reshape(Hkv, -1, D)[:, :n]
+        qg = q[b].float().view(Hkv, Hq // Hkv, D)
+        p = torch.softmax(qg @ k.transpose(1, 2) * scale, dim=-1)  # [Hkv, G, n]
+        out[b] = (p @ v).reshape(Hq, D).to(q.dtype)
+    return out
