@@ -1,0 +1,288 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import git
+import pytest
+
+from tools.errors import (
+    BinaryFileError,
+    FileTooLargeError,
+    PathEscapeError,
+    RootError,
+    UnreadableFileError,
+)
+from tools.repo_files import (
+    confine,
+    head_commit,
+    is_text_file,
+    list_files,
+    read_text,
+    resolve_root,
+)
+
+AUTHOR = git.Actor("Test", "test@example.com")
+
+
+def write(root: Path, rel_path: str, content: str | bytes = "x\n") -> Path:
+    path = root / rel_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def commit(repo: git.Repo, *paths: str) -> None:
+    repo.index.add(list(paths))
+    repo.index.commit("add files", author=AUTHOR, committer=AUTHOR)
+
+
+@pytest.fixture
+def repo_root(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    git.Repo.init(root).close()
+    return root
+
+
+# --- resolve_root ---
+
+
+def test_resolve_root_gives_an_absolute_directory(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_root("sub") == (tmp_path / "sub").resolve()
+
+
+def test_resolve_root_refuses_a_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(RootError, match="repository path does not exist"):
+        resolve_root(tmp_path / "nope")
+
+
+def test_resolve_root_refuses_a_file(tmp_path: Path) -> None:
+    with pytest.raises(RootError, match="not a directory"):
+        resolve_root(write(tmp_path, "file.txt"))
+
+
+# --- list_files in a git work tree ---
+
+
+def test_list_files_respects_gitignore_and_info_exclude(repo_root: Path) -> None:
+    with git.Repo(repo_root) as repo:
+        write(repo_root, ".gitignore", "*.log\nbuild/\n")
+        write(repo_root, "app.py")
+        commit(repo, ".gitignore", "app.py")
+    write(repo_root, ".git/info/exclude", "secret.txt\n")
+    write(repo_root, "debug.log")
+    write(repo_root, "build/out.py")
+    write(repo_root, "secret.txt")
+    write(repo_root, "untracked.py")
+    write(repo_root, "pkg/mod.py")
+
+    assert list_files(repo_root) == [".gitignore", "app.py", "pkg/mod.py", "untracked.py"]
+
+
+def test_list_files_works_in_a_repo_with_no_commits(repo_root: Path) -> None:
+    write(repo_root, ".gitignore", "ignored/\n")
+    write(repo_root, "main.py")
+    write(repo_root, "ignored/junk.py")
+
+    assert list_files(repo_root) == [".gitignore", "main.py"]
+
+
+def test_list_files_never_lists_git_internals(repo_root: Path) -> None:
+    with git.Repo(repo_root) as repo:
+        write(repo_root, "a.py")
+        commit(repo, "a.py")
+
+    assert list_files(repo_root) == ["a.py"]
+
+
+def test_list_files_limits_git_listing_to_a_subdirectory(repo_root: Path) -> None:
+    write(repo_root, "top.py")
+    write(repo_root, "pkg/inner.py")
+    write(repo_root, "pkg/deep/leaf.py")
+
+    assert list_files(repo_root / "pkg") == ["deep/leaf.py", "inner.py"]
+
+
+def test_list_files_reads_a_directory_its_repo_ignores(repo_root: Path) -> None:
+    write(repo_root, ".gitignore", "vendor/\n")
+    write(repo_root, "vendor/lib/.gitignore", "*.o\n")
+    write(repo_root, "vendor/lib/code.c")
+    write(repo_root, "vendor/lib/code.o")
+
+    assert list_files(repo_root) == [".gitignore"]
+    assert list_files(repo_root / "vendor/lib") == [".gitignore", "code.c"]
+    with git.Repo(repo_root) as repo:
+        commit(repo, ".gitignore")
+    assert head_commit(repo_root / "vendor/lib") is None
+
+
+def test_list_files_skips_tracked_files_deleted_from_disk(repo_root: Path) -> None:
+    with git.Repo(repo_root) as repo:
+        write(repo_root, "kept.py")
+        write(repo_root, "gone.py")
+        commit(repo, "kept.py", "gone.py")
+    (repo_root / "gone.py").unlink()
+
+    assert list_files(repo_root) == ["kept.py"]
+
+
+def test_list_files_skips_symlinks_leaving_the_root(tmp_path: Path, repo_root: Path) -> None:
+    outside = write(tmp_path, "outside.txt", "secret\n")
+    write(repo_root, "real.py")
+    os.symlink(outside, repo_root / "leak.txt")
+    os.symlink("real.py", repo_root / "alias.py")
+
+    assert list_files(repo_root) == ["alias.py", "real.py"]
+
+
+# --- list_files in a plain directory ---
+
+
+def test_list_files_walks_a_plain_directory_honouring_gitignore(tmp_path: Path) -> None:
+    root = tmp_path / "plain"
+    write(root, ".gitignore", "*.log\nbuild/\n/only_top.txt\n")
+    write(root, "main.py")
+    write(root, "debug.log")
+    write(root, "build/out.py")
+    write(root, "only_top.txt")
+    write(root, "sub/only_top.txt")
+    write(root, "sub/.gitignore", "*.tmp\n!keep.log\n")
+    write(root, "sub/x.tmp")
+    write(root, "sub/keep.log")
+    write(root, ".venv/lib/site.py")
+    write(root, "node_modules/pkg/index.js")
+    write(root, "pkg/__pycache__/mod.cpython-311.pyc", b"\0\1")
+    write(root, ".git/config", "not a real repository\n")
+
+    assert list_files(root) == [
+        ".gitignore",
+        "main.py",
+        "sub/.gitignore",
+        "sub/keep.log",
+        "sub/only_top.txt",
+    ]
+
+
+def test_list_files_in_a_plain_directory_skips_symlinks_leaving_it(tmp_path: Path) -> None:
+    root = tmp_path / "plain"
+    write(root, "real.py")
+    outside = write(tmp_path, "outside.txt")
+    os.symlink(outside, root / "leak.txt")
+    os.symlink(tmp_path, root / "up")
+
+    assert list_files(root) == ["real.py"]
+
+
+# --- confine ---
+
+
+def test_confine_allows_paths_inside_the_root(tmp_path: Path) -> None:
+    target = write(tmp_path, "pkg/mod.py")
+    assert confine(tmp_path, "pkg/mod.py") == target.resolve()
+    assert confine(tmp_path, "pkg/../pkg/mod.py") == target.resolve()
+    assert confine(tmp_path, target.resolve()) == target.resolve()
+
+
+def test_confine_refuses_dotdot_escapes(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    with pytest.raises(PathEscapeError, match=r"\.\./secret"):
+        confine(root, "../secret")
+    with pytest.raises(PathEscapeError):
+        confine(root, "pkg/../../secret")
+
+
+def test_confine_refuses_absolute_paths_outside(tmp_path: Path) -> None:
+    with pytest.raises(PathEscapeError, match="/etc/passwd"):
+        confine(tmp_path, "/etc/passwd")
+
+
+def test_confine_refuses_a_symlink_pointing_out(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    outside = write(tmp_path, "outside.txt")
+    os.symlink(outside, root / "link.txt")
+    with pytest.raises(PathEscapeError, match="link.txt"):
+        confine(root, "link.txt")
+
+
+def test_confine_allows_a_symlink_inside_the_root(tmp_path: Path) -> None:
+    target = write(tmp_path, "pkg/real.py")
+    os.symlink("pkg/real.py", tmp_path / "alias.py")
+    assert confine(tmp_path, "alias.py") == target.resolve()
+
+
+# --- read_text ---
+
+
+def test_read_text_returns_text_with_lf_line_ends(tmp_path: Path) -> None:
+    write(tmp_path, "a.txt", "\ufeffone\r\ntwo\n".encode())
+    assert read_text(tmp_path, "a.txt") == "one\ntwo\n"
+
+
+def test_read_text_refuses_a_binary_file(tmp_path: Path) -> None:
+    write(tmp_path, "logo.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    with pytest.raises(BinaryFileError, match="not a text file: logo.png"):
+        read_text(tmp_path, "logo.png")
+
+
+def test_read_text_refuses_invalid_utf8(tmp_path: Path) -> None:
+    write(tmp_path, "latin1.txt", "café\n".encode("latin-1"))
+    with pytest.raises(BinaryFileError, match="not a text file: latin1.txt"):
+        read_text(tmp_path, "latin1.txt")
+
+
+def test_read_text_refuses_invalid_utf8_past_the_sniffed_head(tmp_path: Path) -> None:
+    write(tmp_path, "late.txt", b"a" * 10_000 + b"\xff")
+    with pytest.raises(BinaryFileError):
+        read_text(tmp_path, "late.txt")
+
+
+def test_read_text_refuses_a_file_over_the_limit(tmp_path: Path) -> None:
+    write(tmp_path, "big.txt", "x" * 2_000)
+    with pytest.raises(FileTooLargeError, match=r"big.txt \(2,000 bytes, limit 1,000\)"):
+        read_text(tmp_path, "big.txt", max_bytes=1_000)
+    assert read_text(tmp_path, "big.txt", max_bytes=2_000) == "x" * 2_000
+
+
+def test_read_text_is_confined(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    write(tmp_path, "secret.txt")
+    with pytest.raises(PathEscapeError):
+        read_text(root, "../secret.txt")
+
+
+def test_read_text_reports_missing_files_and_directories(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    with pytest.raises(UnreadableFileError, match="cannot read nope.txt"):
+        read_text(tmp_path, "nope.txt")
+    with pytest.raises(UnreadableFileError, match="not a regular file: pkg"):
+        read_text(tmp_path, "pkg")
+
+
+def test_is_text_file(tmp_path: Path) -> None:
+    assert is_text_file(write(tmp_path, "a.py", "print('hi')\n"))
+    # a multi-byte character cut by the 8 KiB sniff is still text
+    assert is_text_file(write(tmp_path, "cut.txt", "a" * 8191 + "é"))
+    assert not is_text_file(write(tmp_path, "nul.bin", b"ab\0cd"))
+    assert not is_text_file(write(tmp_path, "bad.txt", b"\xff\xfe\xfa"))
+    assert not is_text_file(tmp_path / "missing")
+
+
+# --- head_commit ---
+
+
+def test_head_commit(tmp_path: Path, repo_root: Path) -> None:
+    assert head_commit(tmp_path) is None
+    assert head_commit(repo_root) is None  # no commits yet
+    with git.Repo(repo_root) as repo:
+        write(repo_root, "a.py")
+        commit(repo, "a.py")
+        assert head_commit(repo_root) == repo.head.commit.hexsha

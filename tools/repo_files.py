@@ -1,0 +1,237 @@
+"""List and read a repository's files, never stepping outside its root."""
+
+from __future__ import annotations
+
+import codecs
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pathspec
+
+from tools.errors import (
+    BinaryFileError,
+    FileTooLargeError,
+    PathEscapeError,
+    RootError,
+    UnreadableFileError,
+)
+
+if TYPE_CHECKING:
+    import git
+
+# Directories that are never source, even when nobody listed them in .gitignore.
+ALWAYS_SKIPPED = frozenset({".git", ".venv", "node_modules", "__pycache__"})
+
+# How much of a file is sniffed for NUL bytes, as git does.
+SNIFF_BYTES = 8192
+
+
+def resolve_root(path: str | os.PathLike[str]) -> Path:
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise RootError(f"repository path does not exist: {path}")
+    if not root.is_dir():
+        raise RootError(f"not a directory: {path}")
+    return root.resolve()
+
+
+def confine(root: str | os.PathLike[str], rel_path: str | os.PathLike[str]) -> Path:
+    """The resolved path of rel_path, which must stay inside root once symlinks are followed."""
+    base = Path(root).resolve()
+    try:
+        # joining an absolute rel_path yields rel_path itself, so the check below catches it
+        resolved = (base / rel_path).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        # symlink loops and NUL bytes: nothing proves the path stays inside, so refuse it
+        raise PathEscapeError(f"cannot resolve path inside the repository: {rel_path}") from exc
+    if not resolved.is_relative_to(base):
+        raise PathEscapeError(f"path is outside the repository: {rel_path}")
+    return resolved
+
+
+def list_files(root: str | os.PathLike[str]) -> list[str]:
+    """Repo-relative POSIX paths of the files under root, sorted, ignored files left out."""
+    base = resolve_root(root)
+    listed = _git_listing(base)
+    if listed is None:
+        listed = _walk_listing(base)
+    return sorted(path for path in set(listed) if _is_listable(base, path))
+
+
+def head_commit(root: str | os.PathLike[str]) -> str | None:
+    """The HEAD commit's sha when root is in a git work tree with commits, else None."""
+    base = Path(root).resolve()
+    repo = _open_repo(base)
+    if repo is None:
+        return None
+    import git
+
+    with repo:
+        if _is_ignored_by(repo, base):
+            return None  # the commit would describe the enclosing repo, not these files
+        try:
+            return repo.head.commit.hexsha
+        except (ValueError, git.exc.GitError):
+            # a repository with no commits yet has a HEAD that points nowhere
+            return None
+
+
+def is_text_file(path: str | os.PathLike[str]) -> bool:
+    """Whether the file's head looks like UTF-8 text; cheap, reads at most 8 KiB."""
+    try:
+        with open(path, "rb") as handle:
+            return _head_is_text(handle.read(SNIFF_BYTES))
+    except OSError:
+        return False
+
+
+def read_text(root: str | os.PathLike[str], rel_path: str, max_bytes: int = 1_000_000) -> str:
+    """A text file's content with CRLF turned into LF, so line numbers match an editor's."""
+    path = confine(root, rel_path)
+    if path.exists() and not path.is_file():
+        # opening a FIFO would block forever; a directory has no text
+        raise UnreadableFileError(f"not a regular file: {rel_path}")
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(SNIFF_BYTES)
+            # sniff before the size check so a big image is reported as binary, not too large
+            if not _head_is_text(head):
+                raise BinaryFileError(f"not a text file: {rel_path}")
+            if size > max_bytes:
+                raise FileTooLargeError(rel_path, size, max_bytes)
+            data = head + handle.read(max_bytes + 1 - len(head))
+    except OSError as exc:
+        raise UnreadableFileError(f"cannot read {rel_path}: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:  # the file grew after stat
+        raise FileTooLargeError(rel_path, len(data), max_bytes)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BinaryFileError(f"not a text file: {rel_path} (not valid UTF-8)") from exc
+    return text.replace("\r\n", "\n")
+
+
+def _head_is_text(head: bytes) -> bool:
+    if b"\0" in head:
+        return False
+    try:
+        # incremental, so a multi-byte character cut at the sniff boundary is not an error
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _is_listable(base: Path, rel_path: str) -> bool:
+    if ALWAYS_SKIPPED.intersection(rel_path.split("/")):
+        return False
+    try:
+        resolved = confine(base, rel_path)
+    except PathEscapeError:
+        return False
+    # drops deleted-but-tracked files, submodule and symlinked directories, broken links
+    return resolved.is_file()
+
+
+def _open_repo(base: Path) -> git.Repo | None:
+    """The git.Repo whose work tree holds base, or None (no git, not a repo, bare repo)."""
+    try:
+        import git  # imported late: GitPython refuses to import when no git binary exists
+    except ImportError:
+        return None
+    try:
+        repo = git.Repo(base, search_parent_directories=True)
+    except (git.exc.GitError, OSError):
+        return None
+    if repo.bare or repo.working_tree_dir is None:
+        repo.close()
+        return None
+    return repo
+
+
+def _git_listing(base: Path) -> list[str] | None:
+    """What git lists under base (tracked plus untracked, not ignored), or None if not a repo."""
+    repo = _open_repo(base)
+    if repo is None:
+        return None
+    import git
+
+    with repo:
+        if _is_ignored_by(repo, base):
+            # asked to read a directory its enclosing repo ignores (vendored code, a venv):
+            # git would list nothing, so read it as a plain directory
+            return None
+        try:
+            # run from base: git then lists only base's subtree, relative to it;
+            # -z keeps unusual names unquoted
+            output = git.Git(str(base)).ls_files("-z", "--cached", "--others", "--exclude-standard")
+        except git.exc.GitError:
+            # e.g. git refuses a repository owned by someone else: walk it instead
+            return None
+    return [path for path in output.split("\0") if path]
+
+
+def _is_ignored_by(repo: git.Repo, base: Path) -> bool:
+    top = Path(repo.working_tree_dir).resolve()
+    if base == top:
+        return False
+    import git
+
+    try:
+        # exit status 0 means ignored, 1 not ignored; the slash marks a directory
+        repo.git.check_ignore("-q", "--", base.relative_to(top).as_posix() + "/")
+    except git.exc.GitError:
+        return False
+    return True
+
+
+def _walk_listing(base: Path) -> list[str]:
+    """Files under base, honouring every .gitignore on the way down, as git would."""
+    found: list[str] = []
+    specs: dict[str, pathspec.GitIgnoreSpec] = {}
+    for dir_path, dir_names, file_names in os.walk(base):
+        rel_dir = Path(dir_path).relative_to(base).as_posix()
+        rel_dir = "" if rel_dir == "." else rel_dir
+        spec = _load_gitignore(Path(dir_path) / ".gitignore")
+        if spec is not None:
+            specs[rel_dir] = spec
+        # pruning is right: git never re-includes a file inside an excluded directory
+        dir_names[:] = [
+            name
+            for name in dir_names
+            if name not in ALWAYS_SKIPPED and not _is_ignored(specs, _join(rel_dir, name), True)
+        ]
+        for name in file_names:
+            rel_path = _join(rel_dir, name)
+            if not _is_ignored(specs, rel_path, False):
+                found.append(rel_path)
+    return found
+
+
+def _load_gitignore(path: Path) -> pathspec.GitIgnoreSpec | None:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _is_ignored(specs: dict[str, pathspec.GitIgnoreSpec], rel_path: str, is_dir: bool) -> bool:
+    parts = rel_path.split("/")
+    # the deepest .gitignore with a matching pattern decides, as in git
+    for depth in range(len(parts) - 1, -1, -1):
+        spec = specs.get("/".join(parts[:depth]))
+        if spec is None:
+            continue
+        # a trailing slash lets directory-only patterns such as "build/" match
+        below = "/".join(parts[depth:]) + ("/" if is_dir else "")
+        verdict = spec.check_file(below).include
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def _join(rel_dir: str, name: str) -> str:
+    return f"{rel_dir}/{name}" if rel_dir else name
