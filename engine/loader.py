@@ -214,7 +214,7 @@ def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(source.path))
+        tokenizer = AutoTokenizer.from_pretrained(str(source.path))
     except Exception as e:  # transformers raises many types here
         raise ModelLoadError(
             f"cannot load the tokenizer from {source.path}: {str(e).splitlines()[0]}"

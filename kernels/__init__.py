@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+# TRITON_INTERPRET=1 runs the kernels on CPU tensors (tests compare them with the references)
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
 try:  # triton is absent on CPU-only installs; the references serve there
     import triton  # noqa: F401
 

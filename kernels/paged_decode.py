@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from kernels import HAS_TRITON
+from kernels import HAS_TRITON, INTERPRET
 
 if HAS_TRITON:
     import triton
@@ -101,12 +101,12 @@ def paged_decode_attention(
     assert two == 2 and Dk == D and Hq % Hkv == 0, (q.shape, kv.shape)
     assert block_tables.shape[0] == B and kv_lens.shape == (B,)
     assert q.stride(-1) == 1 and kv.stride(-1) == 1
-    if not (HAS_TRITON and q.is_cuda):
+    if not (HAS_TRITON and (q.is_cuda or INTERPRET)):
         return paged_decode_reference(q, kv, block_tables, kv_lens, scale)
     G = Hq // Hkv
     if num_splits is None:
         # enough programs to cover the SMs at batch 1; empty splits exit at once
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = max(1, min(64, math.ceil(2 * sms / (B * Hkv))))
     acc = torch.empty(B, Hq, num_splits, D, device=q.device, dtype=torch.float32)
     m = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)

@@ -1,0 +1,3 @@
+from agentctx.cli import main
+
+main()

@@ -1,0 +1,124 @@
+"""`agentctx ask` as a user runs it: a real subprocess, real git repositories, the real
+default model. Bad input gives one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+from engine.default_model import default_model_path
+
+
+def agentctx(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agentctx", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("agentctx: error:")]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.fixture
+def small_repo(tmp_path) -> Path:
+    root = tmp_path / "calc"
+    root.mkdir()
+    repo = git.Repo.init(root)
+    (root / "README.md").write_text(
+        "# calc\n\nA tiny calculator library that adds and multiplies numbers.\n"
+    )
+    (root / "calc.py").write_text(
+        "def add(a, b):\n    return a + b\n\n\ndef multiply(a, b):\n    return a * b\n"
+    )
+    (root / ".gitignore").write_text("secret.txt\n")
+    (root / "secret.txt").write_text("do not read\n")
+    repo.index.add(["README.md", "calc.py", ".gitignore"])
+    repo.index.commit("initial")
+    return root
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_ask_answers_about_a_repository(small_repo):
+    proc = agentctx(
+        "ask", "What does this project do?", "--repo", str(small_repo), "--max-tokens", "40"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert "packed 3 files" in proc.stderr  # README.md, calc.py, .gitignore; not secret.txt
+    assert "prefill [" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_repo_that_is_not_a_directory(tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    assert_one_line_error(agentctx("ask", "q", "--repo", str(f)), "not a directory")
+
+
+def test_repo_that_does_not_exist(tmp_path):
+    assert_one_line_error(agentctx("ask", "q", "--repo", str(tmp_path / "nope")), "does not exist")
+
+
+@pytest.mark.slow
+def test_empty_repository(tmp_path):
+    git.Repo.init(tmp_path / "empty")
+    assert_one_line_error(agentctx("ask", "q", "--repo", str(tmp_path / "empty")), "no text files")
+
+
+def test_missing_model_path(tmp_path):
+    proc = agentctx("ask", "q", "--repo", str(tmp_path), "--model", str(tmp_path / "missing.gguf"))
+    assert_one_line_error(proc, "not found", "missing.gguf")
+
+
+def test_truncated_gguf(tmp_path):
+    half = tmp_path / "half.gguf"
+    data = default_model_path().read_bytes()
+    half.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(
+        agentctx("ask", "q", "--repo", str(tmp_path), "--model", str(half)), "half.gguf"
+    )
+
+
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 40)
+    assert_one_line_error(
+        agentctx("ask", "q", "--repo", str(tmp_path), "--model", str(bad)), "bad.gguf"
+    )
+
+
+def test_unsupported_architecture(tmp_path):
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 8})
+    )
+    proc = agentctx("ask", "q", "--repo", str(tmp_path), "--model", str(model))
+    assert_one_line_error(proc, "GPT2LMHeadModel")
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_the_window(small_repo):
+    question = "why " * 9000
+    proc = agentctx("ask", question, "--repo", str(small_repo))
+    assert_one_line_error(proc, "8192")
+    assert "tokens" in proc.stderr
+
+
+def test_usage_error_exits_2():
+    proc = agentctx("ask")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
