@@ -109,7 +109,7 @@ def bench_transformers(context: int, new_tokens: int) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 128000, (1, context), generator=g).cuda()
 
-    def run(n: int) -> float:
+    def run(n: int, model=model) -> float:
         torch.cuda.synchronize()
         t = time.perf_counter()
         model.generate(

@@ -155,13 +155,14 @@ class Engine:
         model_config: ModelConfig,
         tokenizer,
         config: EngineConfig | None = None,
-        device: torch.device = torch.device("cpu"),
+        device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         name: str = "",
     ):
         self.model, self.model_config, self.tokenizer = model, model_config, tokenizer
         self.config = config or EngineConfig()
-        self.device, self.dtype, self.name = device, dtype, name
+        self.device, self.dtype, self.name = device or torch.device("cpu"), dtype, name
+        device = self.device
         self.max_model_len = min(
             self.config.max_model_len or model_config.context_window, model_config.context_window
         )

@@ -219,3 +219,6 @@ def load_tokenizer(source: ModelSource):
         raise ModelLoadError(
             f"cannot load the tokenizer from {source.path}: {str(e).splitlines()[0]}"
         ) from None
+    # the engine checks lengths against the model's window itself; silence the tokenizer's warning
+    tokenizer.model_max_length = 1 << 62
+    return tokenizer
