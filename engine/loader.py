@@ -208,8 +208,12 @@ def load_checkpoint_weights(model: CausalLM, directory: Path) -> None:
         )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(source: ModelSource):
-    if source.path is None:
+    """The checkpoint's tokenizer, or None for weights without one (the engine then takes ids)."""
+    if source.path is None or not any((source.path / f).is_file() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 

@@ -30,7 +30,7 @@ if HAS_TRITON:
         s_ab, s_ah, s_as,
         s_mb, s_mh,
         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
-        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -58,13 +58,19 @@ if HAS_TRITON:
             row = KV + page.to(tl.int64) * s_kvp + h * s_kvh + (t % P) * s_kvt
             k = tl.load(row[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
             v = tl.load(row[:, None] + s_kvkv + d[None, :], mask=t_mask[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)) * scale  # [GP, BLOCK_N], fp32
+            if IEEE:  # fp32 inputs: no TF32 rounding, so fp32 results match the reference
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                scores = tl.dot(q, tl.trans(k)) * scale  # [GP, BLOCK_N], fp32 accumulate
             scores = tl.where(t_mask[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         heads = h * G + g
         tl.store(
@@ -120,7 +126,7 @@ def paged_decode_attention(
         acc.stride(0), acc.stride(1), acc.stride(2),
         m.stride(0), m.stride(1),
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, P=P,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
     )  # fmt: skip
     return _combine(acc, m, l).to(q.dtype)
 
