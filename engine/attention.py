@@ -12,12 +12,6 @@ import torch.nn.functional as F
 from engine.step_context import StepContext
 
 
-def store_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> None:
-    # kv: [N, Hkv, 2, P, D]; k, v: [T, Hkv, D]
-    kv[ctx.slot_pages, :, 0, ctx.slot_offsets] = k
-    kv[ctx.slot_pages, :, 1, ctx.slot_offsets] = v
-
-
 def gather_kv(
     kv: torch.Tensor, pages: torch.Tensor, length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

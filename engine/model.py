@@ -11,10 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import paged_attention, store_kv
+from engine.attention import paged_attention
 from engine.config import ModelConfig
-from engine.rope import apply_rope
 from engine.step_context import StepContext
+from kernels.rmsnorm import rmsnorm
+from kernels.rope_kv import rope_kv
+from kernels.silu_mul import silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -23,11 +25,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: the norm of x. With it: (norm of x + residual, x + residual)."""
+        return rmsnorm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -59,8 +59,8 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, k, ctx.cos, ctx.sin)
-        store_kv(kv, k, v, ctx)
+        # rotate q and k, and append k and v to the paged cache
+        q, k = rope_kv(q, k, v, ctx.cos, ctx.sin, kv, ctx.slot_pages, ctx.slot_offsets)
         o = paged_attention(q, k, v, kv, ctx, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -72,8 +72,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -84,9 +83,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, kv: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), kv, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, kv: torch.Tensor, ctx: StepContext
+    ):
+        """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, kv, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -101,10 +108,10 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, kv_layers: list[torch.Tensor], ctx: StepContext):
         """input_ids: [T] -> final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer, kv in zip(self.layers, kv_layers, strict=True):
-            x = layer(x, kv, ctx)
-        return self.norm(x)
+            x, residual = layer(x, residual, kv, ctx)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight

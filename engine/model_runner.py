@@ -171,17 +171,23 @@ class ModelRunner:
     def capture_graphs(self) -> None:
         sizes = self._graph_sizes()
         n = max(sizes)
-        dev = self.device
-        self.gbuf = {
-            "ids": torch.zeros(n, dtype=torch.long, device=dev),
-            "positions": torch.zeros(n, dtype=torch.long, device=dev),
-            "pages": torch.full((n,), self.scratch_page, dtype=torch.long, device=dev),
-            "offsets": torch.zeros(n, dtype=torch.long, device=dev),
-            "block_tables": torch.full(
-                (n, self.max_pages), self.scratch_page, dtype=torch.int32, device=dev
-            ),
-            "kv_lens": torch.ones(n, dtype=torch.int32, device=dev),
-        }
+        # all per-step inputs live in one int64 buffer, filled on the host in a pinned staging
+        # copy and sent with a single transfer: [ids, positions, pages, offsets, lens, tables]
+        total = 5 * n + n * self.max_pages
+        self.staging = torch.zeros(total, dtype=torch.long).pin_memory()
+        self.staging_np = self.staging.numpy()
+        self.meta = torch.zeros(total, dtype=torch.long, device=self.device)
+        fields = {}
+        for i, name in enumerate(("ids", "positions", "pages", "offsets", "kv_lens")):
+            fields[name] = (i * n, (i + 1) * n)
+        self.meta_fields = fields
+        self.staging_np[fields["pages"][0] : fields["pages"][1]] = self.scratch_page
+        self.staging_np[fields["kv_lens"][0] : fields["kv_lens"][1]] = 1
+        self.staging_np[5 * n :] = self.scratch_page
+        self.meta.copy_(self.staging)
+        m = self.meta
+        self.gbuf = {name: m[a:b] for name, (a, b) in fields.items()}
+        self.gbuf["block_tables"] = m[5 * n :].view(n, self.max_pages)
         self.graph_logits: dict[int, torch.Tensor] = {}
         pool = None
         for size in sorted(sizes, reverse=True):
@@ -197,16 +203,19 @@ class ModelRunner:
     def _run_graph(self, ids, positions, pages, offsets, kv_lens, page_lists) -> torch.Tensor:
         bs = len(ids)
         size = self._graph_size(bs)
-        pad = size - bs
-        b = self.gbuf
-        table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32)
+        st, f, n = self.staging_np, self.meta_fields, max(self.graphs)
+        # the previous step's transfer has finished: sampling read its logits back
+        for name, values, pad in (
+            ("ids", ids, 0), ("positions", positions, 0), ("pages", pages, self.scratch_page),
+            ("offsets", offsets, 0), ("kv_lens", kv_lens, 1),
+        ):  # fmt: skip
+            a = f[name][0]
+            st[a : a + bs] = values
+            st[a + bs : a + size] = pad
+        tables = st[5 * n :].reshape(n, self.max_pages)
         for i, pl in enumerate(page_lists):
-            table[i, : len(pl)] = torch.tensor(pl, dtype=torch.int32)
-        b["ids"][:size].copy_(self._to_device(ids + [0] * pad))
-        b["positions"][:size].copy_(self._to_device(positions + [0] * pad))
-        b["pages"][:size].copy_(self._to_device(pages + [self.scratch_page] * pad))
-        b["offsets"][:size].copy_(self._to_device(offsets + [0] * pad))
-        b["kv_lens"][:size].copy_(self._to_device(kv_lens + [1] * pad, torch.int32))
-        b["block_tables"][:size].copy_(table.pin_memory().to(self.device, non_blocking=True))
+            tables[i, : len(pl)] = pl
+        used = 5 * n + size * self.max_pages
+        self.meta[:used].copy_(self.staging[:used], non_blocking=True)
         self.graphs[size].replay()
         return self.graph_logits[size][:bs]

@@ -98,13 +98,13 @@ class RotaryEmbedding:
         return (emb.cos() * self.scale).to(self.dtype), (emb.sin() * self.scale).to(self.dtype)
 
     def __call__(self, positions: torch.Tensor, seq_lens: list[int] | None = None):
-        """cos, sin: [T, 1, D]. seq_lens: per-token length of its sequence (dynamic NTK only)."""
+        """cos, sin: [T, D]. seq_lens: per-token length of its sequence (dynamic NTK only)."""
         if (
             not self.dynamic
             or seq_lens is None
             or max(seq_lens) <= self.cfg.max_position_embeddings
         ):
-            return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+            return self.cos[positions], self.sin[positions]
         cos = torch.empty(len(positions), self.cfg.head_dim, device=self.device, dtype=self.dtype)
         sin = torch.empty_like(cos)
         lens = torch.tensor(seq_lens)
@@ -112,14 +112,4 @@ class RotaryEmbedding:
             rows = (lens == n).nonzero().flatten().to(self.device)
             c, s_ = self._angles(positions[rows], inv_freq_and_scale(self.cfg, n)[0])
             cos[rows], sin[rows] = c, s_
-        return cos.unsqueeze(1), sin.unsqueeze(1)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    # q: [T, Hq, D], k: [T, Hkv, D], cos/sin: [T, 1, D]
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return cos, sin

@@ -14,7 +14,7 @@ class StepContext:
     # per token, on the model's device
     slot_pages: torch.Tensor  # [T] page id where the token's KV is written
     slot_offsets: torch.Tensor  # [T] offset inside that page
-    cos: torch.Tensor | None = None  # [T, 1, D]
+    cos: torch.Tensor | None = None  # [T, D]
     sin: torch.Tensor | None = None
     # per sequence, host side (the reference path loops over sequences)
     query_lens: list[int] | None = None

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
+from kernels import HAS_TRITON
 
 if HAS_TRITON:
     import triton
@@ -81,14 +81,26 @@ if HAS_TRITON:
         tl.store(M + b * s_mb + heads * s_mh + s, m_i, mask=q_mask)
         tl.store(L + b * s_mb + heads * s_mh + s, l_i, mask=q_mask)
 
-
-def _combine(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    # acc: [B, Hq, S, D], m/l: [B, Hq, S]; empty splits have m = -inf and l = 0
-    m_max = m.amax(-1, keepdim=True)
-    w = torch.exp(m - m_max)  # [B, Hq, S]
-    num = (acc * w[..., None]).sum(2)
-    den = (l * w).sum(-1, keepdim=True)
-    return num / den
+    @triton.jit
+    def _combine_kernel(
+        ACC, M, L, OUT, s_ab, s_ah, s_as, s_mb, s_mh, s_ob, s_oh,
+        NUM_SPLITS: tl.constexpr, SP: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        valid = s < NUM_SPLITS
+        m = tl.load(M + b * s_mb + h * s_mh + s, mask=valid, other=float("-inf"))
+        lsum = tl.load(L + b * s_mb + h * s_mh + s, mask=valid, other=0.0)
+        w = tl.exp(m - tl.max(m, 0))  # empty splits: exp(-inf) = 0
+        acc = tl.load(
+            ACC + b * s_ab + h * s_ah + s[:, None] * s_as + d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+        tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty))
 
 
 def paged_decode_attention(
@@ -99,6 +111,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     block_n: int = 64,
+    use_triton: bool | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; kv: [N, Hkv, 2, P, D]; block_tables: [B, max_pages] int32;
     kv_lens: [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype."""
@@ -107,7 +120,7 @@ def paged_decode_attention(
     assert two == 2 and Dk == D and Hq % Hkv == 0, (q.shape, kv.shape)
     assert block_tables.shape[0] == B and kv_lens.shape == (B,)
     assert q.stride(-1) == 1 and kv.stride(-1) == 1
-    if not (HAS_TRITON and (q.is_cuda or INTERPRET)):
+    if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
         return paged_decode_reference(q, kv, block_tables, kv_lens, scale)
     G = Hq // Hkv
     if num_splits is None:
@@ -116,9 +129,9 @@ def paged_decode_attention(
         num_splits = max(1, min(64, math.ceil(2 * sms / (B * Hkv))))
     acc = torch.empty(B, Hq, num_splits, D, device=q.device, dtype=torch.float32)
     m = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)
+    lsum = torch.empty_like(m)
     _paged_decode_kernel[(B, Hkv, num_splits)](
-        q, kv, block_tables, kv_lens, acc, m, l,
+        q, kv, block_tables, kv_lens, acc, m, lsum,
         scale,
         q.stride(0), q.stride(1),
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
@@ -128,7 +141,12 @@ def paged_decode_attention(
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, P=P,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
     )  # fmt: skip
-    return _combine(acc, m, l).to(q.dtype)
+    out = torch.empty_like(q)
+    _combine_kernel[(B, Hq)](
+        acc, m, lsum, out, acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
+        out.stride(0), out.stride(1), NUM_SPLITS=num_splits, SP=triton.next_power_of_2(num_splits), D=D,
+    )  # fmt: skip
+    return out
 
 
 def paged_decode_reference(

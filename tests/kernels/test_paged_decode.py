@@ -37,7 +37,7 @@ def test_matches_reference(group, head_dim, dtype):
         used += n
     q = torch.randn(len(lens), Hkv * group, head_dim, generator=g).to(dtype)
     args = [t.to(DEVICE) for t in (q, kv, tables, lens)]
-    out = paged_decode_attention(*args, head_dim**-0.5, num_splits=3, block_n=32)
+    out = paged_decode_attention(*args, head_dim**-0.5, num_splits=3, block_n=32, use_triton=True)
     ref = paged_decode_reference(*args, head_dim**-0.5)
     assert (out.float() - ref.float()).abs().max().item() < TOL[dtype]
 

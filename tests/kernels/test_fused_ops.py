@@ -1,0 +1,72 @@
+"""RMSNorm (+residual), SiLU-mul and rope+KV append: Triton kernels against their torch
+references, on small odd shapes (the interpreter on CPU, the real GPU where there is one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import HAS_TRITON, INTERPRET
+from kernels.rmsnorm import rmsnorm, rmsnorm_reference
+from kernels.rope_kv import rope_kv, rope_kv_reference
+from kernels.silu_mul import silu_mul, silu_mul_reference
+
+pytestmark = pytest.mark.skipif(
+    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
+)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# bf16 is checked on the GPU only: the Triton 3.9 interpreter's bf16 arithmetic is unreliable
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def rand(*shape, dtype, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", [(1, 64), (7, 123), (3, 576)])
+def test_rmsnorm(dtype, rows, cols):
+    x, r, w = (
+        rand(rows, cols, dtype=dtype),
+        rand(rows, cols, dtype=dtype, seed=1),
+        rand(cols, dtype=dtype, seed=2),
+    )
+    out = rmsnorm(x, w, 1e-5, use_triton=True)
+    assert (out.float() - rmsnorm_reference(x, w, 1e-5).float()).abs().max() < TOL[dtype]
+    out, res = rmsnorm(x, w, 1e-5, r, use_triton=True)
+    ref, ref_res = rmsnorm_reference(x, w, 1e-5, r)
+    assert torch.equal(res, ref_res)
+    assert (out.float() - ref.float()).abs().max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inter", [(1, 96), (5, 1100)])
+def test_silu_mul(dtype, rows, inter):
+    gu = rand(rows, 2 * inter, dtype=dtype)
+    out = silu_mul(gu, use_triton=True)
+    assert (out.float() - silu_mul_reference(gu).float()).abs().max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (4, 4, 32), (9, 3, 128)])
+def test_rope_kv(dtype, hq, hkv, d):
+    T, P, N = 11, 4, 7
+    qkv = rand(T, (hq + 2 * hkv) * d, dtype=dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views, as in the model
+    q, k, v = q.view(T, hq, d), k.view(T, hkv, d), v.view(T, hkv, d)
+    angles = torch.arange(T, dtype=torch.float32)[:, None] * torch.rand(d // 2)[None]
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().to(dtype).to(DEVICE), emb.sin().to(dtype).to(DEVICE)
+    slots = torch.randperm(N * P)[:T]
+    pages, offs = (slots // P).to(DEVICE), (slots % P).to(DEVICE)
+    kv, kv_ref = (
+        torch.zeros(N, hkv, 2, P, d, dtype=dtype, device=DEVICE),
+        torch.zeros(N, hkv, 2, P, d, dtype=dtype, device=DEVICE),
+    )
+    q_out, k_out = rope_kv(q, k, v, cos, sin, kv, pages, offs, use_triton=True)
+    q_ref, k_ref = rope_kv_reference(q, k, v, cos, sin, kv_ref, pages, offs)
+    assert (q_out.float() - q_ref.float()).abs().max() < TOL[dtype]
+    assert (k_out.float() - k_ref.float()).abs().max() < TOL[dtype]
+    assert (kv.float() - kv_ref.float()).abs().max() < TOL[dtype]
+    assert kv.abs().sum() > 0
