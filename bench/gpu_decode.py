@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import tempfile
 import time
 
@@ -73,6 +74,45 @@ def check_kernel(rows: list[dict], device: str) -> None:
         )
 
 
+def tune_kernel(device: str) -> list[dict]:
+    """Paged decode kernel alone, Llama-8B heads, batch 1, 4K tokens: split count and block."""
+    import triton.testing
+
+    from kernels.paged_decode import default_num_splits, paged_decode_attention
+
+    P, Hkv, Hq, D, ctx = 16, 8, 32, 128, 4096
+    pages = ctx // P
+    kv = torch.randn(pages + 1, Hkv, 2, P, D, device=device, dtype=torch.bfloat16)
+    table = torch.randperm(pages, device=device).int()[None]
+    lens = torch.tensor([ctx], device=device, dtype=torch.int32)
+    q = torch.randn(1, Hq, D, device=device, dtype=torch.bfloat16)
+    out = []
+    default = default_num_splits(1, Hkv, q.device)
+    for splits in sorted({16, 33, 66, 128, default}):
+        for block_n in (16, 32, 64, 128):
+            ms = triton.testing.do_bench(
+                lambda s=splits, b=block_n: paged_decode_attention(
+                    q, kv, table, lens, D**-0.5, num_splits=s, block_n=b
+                )
+            )
+            out.append(
+                {
+                    "splits": splits,
+                    "block_n": block_n,
+                    "us": ms * 1e3,
+                    "GBps": 2 * ctx * Hkv * D * 2 / ms / 1e6,
+                }
+            )
+    best = min(out, key=lambda r: r["us"])
+    print(
+        f"paged decode kernel, 4K ctx batch 1: default ({default} splits, block 64) "
+        f"{next(r['us'] for r in out if r['splits'] == default and r['block_n'] == 64):.1f} us; "
+        f"best {best['splits']} splits block {best['block_n']}: {best['us']:.1f} us ({best['GBps']:.0f} GB/s)",
+        flush=True,
+    )
+    return out
+
+
 def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     """A tiny random Llama in fp32 through our engine (graphs on) against transformers."""
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -116,6 +156,21 @@ def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     )
 
 
+def profile_decode(engine) -> None:
+    """Per-kernel GPU time of one decode forward, run eagerly (launch gaps aside, the same kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = engine.runner
+    for _ in range(3):
+        runner._decode_forward(1)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            runner._decode_forward(1)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
+
+
 def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
     from engine import Engine, EngineConfig, SamplingParams
 
@@ -153,6 +208,8 @@ def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
         end.record()
         end.synchronize()
         replay_ms = start.elapsed_time(end) / 50
+        if os.environ.get("AGENTCTX_PROFILE"):
+            profile_decode(engine)
     out = {
         "load_s": load_s,
         "prefill_s": best.ttft_s,
@@ -221,6 +278,7 @@ def main() -> None:
     rows: list[dict] = []
     check_kernel(rows, args.device)
     check_engine_vs_transformers(rows, args.device)
+    tuning = tune_kernel(args.device) if args.device == "cuda" else []
     for r in rows:
         err = f"  max abs err {r['max_abs_err']:.2e}" if "max_abs_err" in r else ""
         print(f"[{'ok' if r['ok'] else 'FAIL'}] {r['check']}{err}", flush=True)
@@ -231,7 +289,7 @@ def main() -> None:
     floor_ms = 1e3 * weight_bytes / bw if bw else float("nan")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     result = {"device": name, "hbm_bandwidth_GBps": (bw or 0) / 1e9, "weight_bytes": weight_bytes,
-              "floor_ms": floor_ms, "ours": ours, "transformers": hf, "checks": rows, "args": vars(args)}  # fmt: skip
+              "floor_ms": floor_ms, "ours": ours, "transformers": hf, "checks": rows, "args": vars(args), "kernel_tuning": tuning}  # fmt: skip
     print(
         f"\n{args.preset} shape, batch 1, context {args.context}, {args.new_tokens} new tokens, {name}"
     )

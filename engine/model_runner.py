@@ -88,6 +88,8 @@ class ModelRunner:
          query_lens, kv_lens, page_lists) = self.prepare(out)  # fmt: skip
         decode_only = all(q == 1 for q in query_lens)
         bs = len(query_lens)
+        sampling = [item for item in out.scheduled if item.samples]
+        params = [item.seq.params for item in sampling]
         if (
             self.use_graphs
             and decode_only
@@ -95,13 +97,14 @@ class ModelRunner:
             and not self._windowed(kv_lens)
         ):
             logits = self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists)
+            if all(p.greedy for p in params):  # the graph took the argmax already
+                tokens = self.graph_argmax[self._graph_size(bs)][:bs].tolist()
+                return {item.seq.seq_id: t for item, t in zip(sampling, tokens, strict=True)}
         else:
             hidden = self.eager_hidden(
                 ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists
             )
             logits = self.model.compute_logits(hidden[self._to_device(sample_idx)])
-        sampling = [item for item in out.scheduled if item.samples]
-        params = [item.seq.params for item in sampling]
         gens = [self._generator(item.seq) for item in sampling]
         tokens = sample(logits[: len(sampling)].float(), params, gens)
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
@@ -189,6 +192,7 @@ class ModelRunner:
         self.gbuf = {name: m[a:b] for name, (a, b) in fields.items()}
         self.gbuf["block_tables"] = m[5 * n :].view(n, self.max_pages)
         self.graph_logits: dict[int, torch.Tensor] = {}
+        self.graph_argmax: dict[int, torch.Tensor] = {}
         pool = None
         for size in sorted(sizes, reverse=True):
             self._decode_forward(size)  # warm-up: triton compiles, allocator settles
@@ -196,6 +200,7 @@ class ModelRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.graph_logits[size] = self._decode_forward(size)
+                self.graph_argmax[size] = self.graph_logits[size].argmax(dim=-1)
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()

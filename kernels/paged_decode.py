@@ -103,6 +103,18 @@ if HAS_TRITON:
         tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty))
 
 
+def default_num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
+    """Enough (batch, head, split) programs for ~4 per SM: at batch 1 the pages of one head
+    are spread over many SMs. Split ranges follow the actual length inside the kernel, so
+    the same static count serves every length (and CUDA graphs)."""
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 4
+    )
+    return max(1, min(128, math.ceil(4 * sms / (batch * kv_heads))))
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -124,9 +136,7 @@ def paged_decode_attention(
         return paged_decode_reference(q, kv, block_tables, kv_lens, scale)
     G = Hq // Hkv
     if num_splits is None:
-        # enough programs to cover the SMs at batch 1; empty splits exit at once
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        num_splits = max(1, min(64, math.ceil(2 * sms / (B * Hkv))))
+        num_splits = default_num_splits(B, Hkv, q.device)
     acc = torch.empty(B, Hq, num_splits, D, device=q.device, dtype=torch.float32)
     m = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)
     lsum = torch.empty_like(m)
