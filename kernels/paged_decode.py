@@ -173,9 +173,9 @@ def paged_decode_reference(
     for b in range(B):
         n = int(kv_lens[b])
         pages = block_tables[b, : (n + P - 1) // P].long()
-        g = kv[pages].float()  # [n_pages, Hkv, 2, P, D]
-        k = g[:, :, 0].transpose(0, 1).reshape(Hkv, -1, D)[:, :n]
-        v = g[:, :, 1].transpose(0, 1).reshape(Hkv, -1, D)[:, :n]
+        g = kv.permute(1, 2, 0, 3, 4).index_select(2, pages).float()  # [Hkv, 2, n_pages, P, D]
+        k = g[:, 0].reshape(Hkv, -1, D)[:, :n]
+        v = g[:, 1].reshape(Hkv, -1, D)[:, :n]
         qg = q[b].float().view(Hkv, Hq // Hkv, D)
         p = torch.softmax(qg @ k.transpose(1, 2) * scale, dim=-1)  # [Hkv, G, n]
         out[b] = (p @ v).reshape(Hq, D).to(q.dtype)

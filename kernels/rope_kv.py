@@ -55,16 +55,13 @@ if HAS_TRITON:
 
 def rope_kv_reference(q, k, v, cos, sin, kv, slot_pages, slot_offsets):
     """q: [T, Hq, D], k, v: [T, Hkv, D], cos/sin: [T, D], kv: [N, Hkv, 2, P, D]."""
-    half = q.shape[-1] // 2
-    c, s = cos[:, None], sin[:, None]
-
-    def rotate(x):
-        return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
-
-    k = rotate(k)
+    half, hq = q.shape[-1] // 2, q.shape[1]
+    x = torch.cat((q, k), dim=1)  # rotate q and k together: half the ops on the CPU path
+    x = x * cos[:, None] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None]
+    q, k = x[:, :hq], x[:, hq:]
     kv[slot_pages, :, 0, slot_offsets] = k
     kv[slot_pages, :, 1, slot_offsets] = v
-    return rotate(q), k
+    return q, k
 
 
 def rope_kv(q, k, v, cos, sin, kv, slot_pages, slot_offsets, use_triton: bool | None = None):
