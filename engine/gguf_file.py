@@ -4,6 +4,15 @@ The engine loads HF checkpoints (config.json, model.safetensors, tokenizer files
 the same model in llama.cpp's layout, so we convert it once and reuse the result. Only the
 conversion needs the `gguf` package, so it is imported inside functions: machines that only
 load cached checkpoints need not have it.
+
+Q4_0/Q4_1 linear weights are also kept in 4 bits, in Q4_FILE (a safetensors file), so the
+engine can run them with an int4 kernel (engine.quant). For each such HF weight `<name>`:
+    <name>.q      uint8   [N, K]       the 4-bit values, 0..15
+    <name>.scale  float32 [N, K // 32]
+    <name>.zero   float32 [N, K // 32]
+and W[n, k] = q[n, k] * scale[n, k // 32] + zero[n, k // 32] in float32 reproduces the
+weight in model.safetensors bit for bit (Q4_1: scale = d, zero = m; Q4_0: scale = d,
+zero = -8 d). Rows are un-permuted like the dense q/k weights.
 """
 
 from __future__ import annotations
@@ -29,11 +38,14 @@ import numpy as np
 from engine import paths
 from engine.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
 
-_FORMAT_VERSION = 1  # part of the cache key: bump it when the converted output changes
+_FORMAT_VERSION = 2  # part of the cache key: bump it when the converted output changes
 _DONE = "gguf_source.json"  # written last; a directory without it is not a finished conversion
 _EDGE = 1 << 20  # bytes hashed from each end of the file for the cache key
 _CHUNK_BYTES = 4 << 20  # quantized bytes per dequantization call
 _STALE_TMP_S = 24 * 3600  # temp dirs older than this are leftovers of a crashed conversion
+# Not "*.safetensors": loader.load_checkpoint_weights loads every file named so.
+Q4_FILE = "model.q4"
+Q4_GROUP = 32  # weights per Q4_0/Q4_1 block, each with its own scale and zero
 
 # GGUF architecture -> (HF class, model_type)
 _ARCHS = {
@@ -60,6 +72,9 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_LINEAR_RE = re.compile(
+    r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight"
+)
 _ROPE_FREQS = "rope_freqs.weight"  # llama3-style rope scaling, turned into config, not a weight
 
 # GGUF metadata value types with a fixed size (8 is string, 9 is array).
@@ -166,7 +181,7 @@ def _convert(src: Path, out: Path) -> None:
             raise UnsupportedModelError(
                 f"{src}: unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHS)}"
             )
-        weights = _read_weights(src, buf, tensors, metadata, arch)
+        weights, q4 = _read_weights(src, buf, tensors, metadata, arch)
     finally:
         # BufferError: a traceback still holds a view; the map closes when that is collected.
         with contextlib.suppress(BufferError):
@@ -182,6 +197,10 @@ def _convert(src: Path, out: Path) -> None:
 
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     del weights
+    if q4:
+        meta = {"format": "q4", "group_size": str(Q4_GROUP), "weight": "q * scale + zero"}
+        save_file(q4, str(out / Q4_FILE), metadata=meta)
+    del q4
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", _generation_config(metadata))
     _write_tokenizer(src, metadata, out, config["max_position_embeddings"])
@@ -331,9 +350,49 @@ def _dequantize(buf: mmap.mmap, t: _Tensor) -> np.ndarray:
     return out.reshape(t.shape).astype(np.float32, copy=False)
 
 
+def _dequantize_q4(buf: mmap.mmap, t: _Tensor) -> tuple[np.ndarray, ...]:
+    """A Q4_0/Q4_1 tensor -> (fp32 weight, q, scale, zero); see the module docstring."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    q4_1 = t.qtype == GGMLQuantizationType.Q4_1
+    _, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.qtype)]
+    rows, cols = math.prod(t.shape[:-1]), t.shape[-1]
+    per_row = cols // Q4_GROUP
+    raw = np.frombuffer(buf, np.uint8, t.nbytes, t.start).reshape(rows, per_row, block_bytes)
+    weight = np.empty((rows, cols), np.float32)
+    q = np.empty((rows, per_row, Q4_GROUP), np.uint8)
+    scale = np.empty((rows, per_row), np.float32)
+    zero = np.empty((rows, per_row), np.float32)
+    step = max(1, _CHUNK_BYTES // (per_row * block_bytes))
+    for i in range(0, rows, step):  # chunks, as in _dequantize
+        blocks = raw[i : i + step]
+        d = blocks[..., 0:2].view(np.float16).astype(np.float32)  # [rows, per_row, 1]
+        # Q4_1: w = d q + m. Q4_0: w = d (q - 8) = d q - 8 d, exactly in fp32: d is an fp16
+        # and q < 16, so d q and d (q - 8) need at most 15 significant bits.
+        z = blocks[..., 2:4].view(np.float16).astype(np.float32) if q4_1 else d * -8.0
+        qs = blocks[..., 4:] if q4_1 else blocks[..., 2:]  # byte j: weights j (low), j+16 (high)
+        chunk = q[i : i + step]
+        np.bitwise_and(qs, 0x0F, out=chunk[..., :16])
+        np.right_shift(qs, 4, out=chunk[..., 16:])
+        # the same float32 operations, in the same order, as gguf.quants' dequantize_blocks
+        weight[i : i + step] = (d * chunk.astype(np.float32) + z).reshape(len(blocks), cols)
+        scale[i : i + step], zero[i : i + step] = d[..., 0], z[..., 0]
+    shape = t.shape[:-1]
+    return (
+        weight.reshape(t.shape),
+        q.reshape(t.shape),
+        scale.reshape(*shape, per_row),
+        zero.reshape(*shape, per_row),
+    )
+
+
 def _read_weights(
     src: Path, buf: mmap.mmap, tensors: list[_Tensor], metadata: dict[str, Any], arch: str
-) -> dict[str, np.ndarray]:
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """-> (HF weights in float32, 4-bit arrays of the Q4 linear weights for Q4_FILE)."""
+    from gguf import GGMLQuantizationType
+
+    q4_types = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
     plan = []
     for t in tensors:
         if t.name == _ROPE_FREQS:
@@ -344,9 +403,12 @@ def _read_weights(
             raise UnsupportedModelError(f"{src}: unsupported tensor {t.name!r} in a {arch} GGUF")
         plan.append((t, hf))
 
-    def load(item: tuple[_Tensor, str]) -> np.ndarray:
+    def load(item: tuple[_Tensor, str]) -> np.ndarray | tuple[np.ndarray, ...]:
         try:
-            return _dequantize(buf, item[0])
+            t, hf = item
+            if t.qtype in q4_types and len(t.shape) == 2 and _LINEAR_RE.fullmatch(hf):
+                return _dequantize_q4(buf, t)  # one pass gives both forms
+            return _dequantize(buf, t)
         except NotImplementedError:
             raise UnsupportedModelError(
                 f"{src}: tensor type {item[0].qtype} of {item[0].name!r} cannot be dequantized "
@@ -358,7 +420,13 @@ def _read_weights(
     # numpy releases the GIL inside its large array operations, so threads overlap well.
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(load, plan))
-    weights = {hf: a for (_, hf), a in zip(plan, arrays, strict=True)}
+    weights, q4 = {}, {}
+    for (_, hf), a in zip(plan, arrays, strict=True):
+        if isinstance(a, tuple):
+            base = hf.removesuffix(".weight")
+            weights[hf], q4[f"{base}.q"], q4[f"{base}.scale"], q4[f"{base}.zero"] = a
+        else:
+            weights[hf] = a
 
     if arch == "llama":  # only llama.cpp's LlamaModel permutes q/k; Qwen converters do not
         n_head = _meta(src, metadata, arch, "attention.head_count")
@@ -369,7 +437,11 @@ def _read_weights(
                 if weights[name].shape[0] % (2 * heads):
                     raise ModelLoadError(f"{src}: {name} does not split into {heads} heads")
                 weights[name] = _unpermute(weights[name], heads)
-    return weights
+                base = name.removesuffix(".weight")
+                for part in (".q", ".scale", ".zero"):  # rows move with their scales
+                    if base + part in q4:
+                        q4[base + part] = _unpermute(q4[base + part], heads)
+    return weights, q4
 
 
 # ---- config --------------------------------------------------------------------------------
