@@ -77,11 +77,13 @@ def bench_ours(engine, decode_prompt, prefill_prompt, new_tokens: int) -> dict:
     }
 
 
-def bench_transformers(path: Path, decode_prompt, prefill_prompt, new_tokens: int) -> dict:
+def bench_transformers(
+    path: Path, decode_prompt, prefill_prompt, new_tokens: int, dtype=torch.float32
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     load_s = time.perf_counter() - t
 
     def gen(ids: list[int], n: int):
@@ -106,6 +108,13 @@ def bench_transformers(path: Path, decode_prompt, prefill_prompt, new_tokens: in
     }
 
 
+def agreement(a: list[int], b: list[int]) -> int:
+    """Greedy tokens identical before the first difference."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -118,29 +127,44 @@ def main() -> None:
     from engine.loader import resolve_source
 
     load = time_load()
-    engine = Engine.load(None, device="cpu")
-    decode_prompt = text_tokens(engine.tokenizer, args.decode_context)
-    prefill_prompt = text_tokens(engine.tokenizer, args.prefill_tokens)
-    ours = bench_ours(engine, decode_prompt, prefill_prompt, args.new_tokens)
-    del engine
-    hf = bench_transformers(
-        resolve_source(None).path, decode_prompt, prefill_prompt, args.new_tokens
+    runs = {}
+    for label, weights in (("agentctx fp32", "dense"), ("agentctx int4", "int4")):
+        engine = Engine.load(None, device="cpu", weights=weights)
+        decode_prompt = text_tokens(engine.tokenizer, args.decode_context)
+        prefill_prompt = text_tokens(engine.tokenizer, args.prefill_tokens)
+        runs[label] = bench_ours(engine, decode_prompt, prefill_prompt, args.new_tokens)
+        del engine
+    path = resolve_source(None).path
+    runs["transformers fp32"] = bench_transformers(
+        path, decode_prompt, prefill_prompt, args.new_tokens
     )
-    same = ours["tokens"] == hf["tokens"]
-    result = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
-        "ours": ours, "transformers": hf, "load": load, "greedy_tokens_identical": same,
-    }  # fmt: skip
-    print(f"SmolLM2-135M-Instruct fp32, CPU ({result['machine']})")
-    print(f"{'':34s}{'agentctx':>10s}{'transformers':>14s}{'ratio':>8s}")
-    for label, key in ((f"decode tok/s (batch 1, ctx {args.decode_context})", "decode_tok_s"),
-                       (f"prefill tok/s ({args.prefill_tokens} tokens)", "prefill_tok_s")):  # fmt: skip
-        print(f"{label:34s}{ours[key]:10.1f}{hf[key]:14.1f}{ours[key] / hf[key]:7.2f}x")
-    print(f"{'load, cold (GGUF -> cache) s':34s}{load['cold_s']:10.2f}")
-    print(f"{'load, cached s':34s}{load['cached_s']:10.2f}{hf['load_cached_s']:14.2f}")
-    print(f"greedy tokens identical over {args.new_tokens} tokens: {same}")
+    runs["transformers bf16"] = bench_transformers(
+        path, decode_prompt, prefill_prompt, args.new_tokens, torch.bfloat16
+    )
+    peer = runs["transformers fp32"]
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    print(
+        f"SmolLM2-135M-Instruct (Q4_1 GGUF), CPU ({machine}); peer: transformers fp32 on the same dequantized weights"
+    )
+    print(
+        f"{'':20s}{'decode tok/s':>13s}{'ratio':>7s}{'prefill tok/s':>15s}{'ratio':>7s}{'same greedy tokens':>20s}"
+    )
+    for label, r in runs.items():
+        same = agreement(r["tokens"], peer["tokens"])
+        print(
+            f"{label:20s}{r['decode_tok_s']:13.1f}{r['decode_tok_s'] / peer['decode_tok_s']:6.2f}x"
+            f"{r['prefill_tok_s']:15.1f}{r['prefill_tok_s'] / peer['prefill_tok_s']:6.2f}x"
+            f"{same:>12d}/{args.new_tokens}"
+        )
+    print(
+        f"decode: batch 1, {args.decode_context}-token prompt, {args.new_tokens} new tokens; prefill: {args.prefill_tokens} tokens"
+    )
+    print(f"load: cold (GGUF -> cache) {load['cold_s']:.2f} s; cached {load['cached_s']:.2f} s "
+          f"(transformers from the same cached safetensors: {peer['load_cached_s']:.2f} s)")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"machine": machine, "runs": runs, "load": load}, indent=2)
+        )
 
 
 if __name__ == "__main__":

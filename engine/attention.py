@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from engine.step_context import StepContext
 
 
-def gather_kv(kv: torch.Tensor, pages: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(
+    kv: torch.Tensor, pages: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `length` K and V rows of one sequence: [Hkv, length, D] each.
 
     Gathering along the page axis of a [Hkv, 2, N, P, D] view gives K and V of each head as
@@ -60,6 +62,9 @@ def _attention_per_sequence(q, k, v, kv, ctx: StepContext, scale: float) -> torc
             ks, vs = gather_kv(kv, pages, kv_len)
         window = ctx.sliding_window if ctx.sliding_window and kv_len > ctx.sliding_window else None
         qs = q[start:end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
+        if ctx.prefill_attn_dtype is not None and q_len > 1:
+            # compute-bound prefill attention in bf16 (AMX on the CPU: 2.1x faster at 512 x 4096)
+            qs, ks, vs = (t.to(ctx.prefill_attn_dtype) for t in (qs, ks, vs))
         if q_len == 1 and window is None:
             o = F.scaled_dot_product_attention(qs, ks[None], vs[None], scale=scale, enable_gqa=True)
         elif q_len == kv_len and window is None:

@@ -35,6 +35,7 @@ class ModelRunner:
         self.scratch_page = num_pages
         self.rope = RotaryEmbedding(cfg, max_model_len, device, dtype)
         self.generators: dict[int, torch.Generator] = {}
+        self.prefill_attn_dtype: torch.dtype | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = (
             engine_cfg.cuda_graphs and device.type == "cuda" and cfg.rope_type != "dynamic"
@@ -121,6 +122,7 @@ class ModelRunner:
             kv_lens=kv_lens,
             page_lists=[self._to_device(p) for p in page_lists],
             sliding_window=self.cfg.sliding_window,
+            prefill_attn_dtype=self.prefill_attn_dtype,
         )
         ctx.cos, ctx.sin = self.rope(
             self._to_device(positions), rope_lens if self.rope.dynamic else None

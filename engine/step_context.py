@@ -25,3 +25,4 @@ class StepContext:
     kv_lens_t: torch.Tensor | None = None  # [B] int32
     decode_only: bool = False
     sliding_window: int | None = None
+    prefill_attn_dtype: torch.dtype | None = None  # fast mode: prefill attention in bf16

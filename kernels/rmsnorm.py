@@ -10,6 +10,7 @@ costs more in launches than in bytes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels import HAS_TRITON
 
@@ -44,6 +45,9 @@ def rmsnorm_reference(
     """Returns out, or (out, new_residual) when residual is given."""
     if residual is not None:
         x = x + residual
+    if x.dtype == weight.dtype == torch.float32:  # one fused op on the CPU, same fp32 math
+        out = F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return out if residual is None else (out, x)
     xf = x.float()
     out = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return out if residual is None else (out, x)

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 @pytest.fixture(scope="module")
 def engine() -> Engine:
-    return Engine.load(None, device="cpu", dtype="float32")
+    return Engine.load(None, device="cpu", dtype="float32", weights="dense")
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,15 @@ def test_greedy_32_tokens_match_transformers(engine, hf_model):
     assert len(ours.token_ids) == 32  # no early EOS: all 32 tokens are compared
     assert ours.token_ids == ref.tolist()
     assert "Paris" in engine.decode(ours.token_ids)
+
+
+def test_int4_weights_answer_like_dense(engine):
+    int4 = Engine.load(None, device="cpu", weights="int4")
+    assert type(int4.model.layers[0].mlp.down_proj).__name__ == "Int4Linear"
+    ids = chat_ids(engine, "What is the capital of France?")
+    dense = engine.generate([ids], SamplingParams(max_tokens=12))[0]
+    quant = int4.generate([ids], SamplingParams(max_tokens=12))[0]
+    assert "Paris" in dense.text and "Paris" in quant.text
 
 
 def test_chat_stops_at_eos_and_streams_text(engine):
