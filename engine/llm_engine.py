@@ -130,6 +130,26 @@ class Stream:
         return self.request.text
 
 
+def _load_int4(net, source, device: torch.device, required: bool) -> bool:
+    """Switch a CPU model to the GGUF's 4-bit blocks for decode and an int8 output head.
+    Returns whether it did; `required` turns "no 4-bit weights here" into an error."""
+    if device.type != "cpu":
+        if required:
+            raise EngineError("int4 weights run on the CPU only")
+        return False
+    from engine.quant import load_native_int4, quantize_lm_head
+
+    # prefill chunks run dense: in bf16 where the CPU has AMX (3.5x faster than fp32 at 512
+    # tokens on this machine's Xeon), else in the checkpoint's fp32
+    dense = torch.bfloat16 if _cpu_has_amx() else torch.float32
+    if load_native_int4(net, source.path, dense) == 0:
+        if required:
+            raise EngineError(f"{source.name} has no 4-bit weights (int4 needs a Q4_0/Q4_1 GGUF)")
+        return False
+    quantize_lm_head(net)
+    return True
+
+
 def _cpu_has_amx() -> bool:
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
@@ -205,9 +225,12 @@ class Engine:
         """model: None for the default model, a .gguf file, a checkpoint directory, a repo id
         in the local Hugging Face cache, or "dummy:PRESET" (random weights of a real shape).
 
-        weights: "dense" runs the checkpoint's weights as they are (the exact reference);
-        "int4" decodes through the GGUF's own 4-bit blocks on the CPU (prefill chunks keep the
-        dense weights); "auto" picks int4 on the CPU when the checkpoint has 4-bit blocks."""
+        weights: "dense" runs the checkpoint's weights as they are (the exact reference).
+        "int4", on the CPU, decodes through the GGUF's own 4-bit blocks and an int8 output
+        head, and prefills with dense weights (bf16 where the CPU has AMX): fast and close to,
+        not identical with, the reference. "auto" picks int4 where the checkpoint has 4-bit
+        blocks and the device is the CPU, else dense."""
+        fast = False
         if weights not in ("auto", "dense", "int4"):
             raise EngineError(f"unknown weights mode {weights!r}; use auto, dense or int4")
         dev = _pick_device(device)
@@ -219,23 +242,13 @@ class Engine:
             init_dummy_weights(net, seed)
         else:
             load_checkpoint_weights(net, source.path)
-            if weights != "dense" and dev.type == "cpu":
-                from engine.quant import load_native_int4
-
-                # prefill chunks run dense: in bf16 where the CPU has AMX (3.5x faster than fp32
-                # at 512 tokens on this machine's Xeon), else in the checkpoint's fp32
-                dense = torch.bfloat16 if _cpu_has_amx() else torch.float32
-                if load_native_int4(net, source.path, dense) == 0 and weights == "int4":
-                    raise EngineError(
-                        f"{source.name} has no 4-bit weights (int4 needs a Q4_0/Q4_1 GGUF)"
-                    )
-            elif weights == "int4":
-                raise EngineError("int4 weights run on the CPU only")
+            if weights != "dense":
+                fast = _load_int4(net, source, dev, required=weights == "int4")
         tokenizer = load_tokenizer(source)
         engine = cls(net, cfg, tokenizer, config, dev, dt, name=source.name)
-        if dev.type == "cpu" and any(type(m).__name__ == "Int4Linear" for m in net.modules()):
-            # the fast CPU mode is approximate already; its prefill attention runs in bf16 too
-            engine.runner.prefill_attn_dtype = torch.bfloat16 if _cpu_has_amx() else None
+        if fast and _cpu_has_amx():
+            # the int4 mode is approximate already; its prefill attention runs in bf16 (AMX)
+            engine.runner.prefill_attn_dtype = torch.bfloat16
         return engine
 
     def _num_pages(self) -> int:

@@ -105,6 +105,7 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.int8_head: nn.Module | None = None  # set by engine.quant for fast CPU decode
 
     def forward(self, input_ids: torch.Tensor, kv_layers: list[torch.Tensor], ctx: StepContext):
         """input_ids: [T] -> final hidden states [T, hidden]."""
@@ -114,5 +115,7 @@ class CausalLM(nn.Module):
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.int8_head is not None:
+            return self.int8_head(hidden)
         weight = self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight)

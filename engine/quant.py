@@ -160,3 +160,32 @@ def load_native_int4(
             bias = None if old.bias is None else old.bias.detach()
             setattr(parent, attr, Int4Linear(q, scale, zero, bias, dense))
     return len(plan)
+
+
+class Int8Head(nn.Module):
+    """The output projection with per-row symmetric int8 weights, for CPU decode.
+
+    SmolLM2's tied head is 49152 x 576: 113 MB of fp32 read per token, the largest single read
+    once the layers are 4-bit. Per-row int8 with bf16 activations takes 2.5 ms against 6.2 ms
+    in fp32 (cold cache, 2 cores); on 600 positions of a novel its top-1 token agrees with the
+    fp32 head on 96.8% (a bf16 head: 97.3%; the disagreements are near-ties)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        scale = weight.detach().float().abs().amax(dim=1).clamp_min(1e-12) / 127
+        self.register_buffer(
+            "q", torch.round(weight.detach().float() / scale[:, None]).to(torch.int8)
+        )
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.to(torch.bfloat16).contiguous()
+        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale).to(hidden.dtype)
+
+
+def quantize_lm_head(model: CausalLM) -> None:
+    """Give a CPU model an int8 output head (decode speed); the dense head stays for reference."""
+    if model.embed_tokens.weight.device.type != "cpu":
+        raise ValueError("the int8 head is a CPU kernel")
+    weight = model.embed_tokens.weight if model.cfg.tie_word_embeddings else model.lm_head.weight
+    model.int8_head = Int8Head(weight)
