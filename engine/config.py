@@ -164,6 +164,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV pool; overrides num_pages
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
+    cpu_dense_kv: bool = True  # CPU: keep running sequences' KV contiguous too (2x KV memory)
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.dense_kv import DenseKV
 from engine.kv_cache import KVCache
 from engine.model import CausalLM
 from engine.rope import RotaryEmbedding
@@ -36,6 +37,9 @@ class ModelRunner:
         self.rope = RotaryEmbedding(cfg, max_model_len, device, dtype)
         self.generators: dict[int, torch.Generator] = {}
         self.prefill_attn_dtype: torch.dtype | None = None
+        # CPU attention reads a contiguous per-sequence copy instead of gathering pages
+        self.use_dense_kv = device.type == "cpu" and engine_cfg.cpu_dense_kv
+        self.dense_kv: dict[int, DenseKV] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = (
             engine_cfg.cuda_graphs and device.type == "cuda" and cfg.rope_type != "dynamic"
@@ -103,16 +107,18 @@ class ModelRunner:
                 return {item.seq.seq_id: t for item, t in zip(sampling, tokens, strict=True)}
         else:
             hidden = self.eager_hidden(
-                ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists
-            )
+                ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists,
+                self._dense_kv_for(out),
+            )  # fmt: skip
             logits = self.model.compute_logits(hidden[self._to_device(sample_idx)])
         gens = [self._generator(item.seq) for item in sampling]
         tokens = sample(logits[: len(sampling)].float(), params, gens)
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
     def eager_hidden(
-        self, ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists
-    ):
+        self, ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists,
+        dense_kv: list | None = None,
+    ):  # fmt: skip
         """Forward pass without CUDA graphs: final hidden states [T, hidden]."""
         ctx = StepContext(
             page_size=self.page_size,
@@ -123,6 +129,7 @@ class ModelRunner:
             page_lists=[self._to_device(p) for p in page_lists],
             sliding_window=self.cfg.sliding_window,
             prefill_attn_dtype=self.prefill_attn_dtype,
+            dense_kv=dense_kv,
         )
         ctx.cos, ctx.sin = self.rope(
             self._to_device(positions), rope_lens if self.rope.dynamic else None
@@ -148,6 +155,13 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
+        self.dense_kv.pop(seq_id, None)
+
+    def _dense_kv_for(self, out: SchedulerOutput) -> list | None:
+        if not self.use_dense_kv:
+            return None
+        n = self.cfg.num_layers
+        return [self.dense_kv.setdefault(it.seq.seq_id, DenseKV(n)) for it in out.scheduled]
 
     # -- CUDA graphs for decode ----------------------------------------------------------
 

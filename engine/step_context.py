@@ -26,3 +26,4 @@ class StepContext:
     decode_only: bool = False
     sliding_window: int | None = None
     prefill_attn_dtype: torch.dtype | None = None  # fast mode: prefill attention in bf16
+    dense_kv: list | None = None  # per sequence: an engine.dense_kv.DenseKV, or None (CPU)

@@ -66,3 +66,22 @@ def test_stream_cancel_from_another_thread_keeps_tokens(checkpoint):
     assert stream.token_ids == seen
     assert not engine.has_unfinished()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_cpu_dense_kv_copy_matches_paged_gather(checkpoint):
+    """The contiguous per-sequence KV copy gives the tokens of reading the pages, through a
+    prefix-cache hit and through preemptions in a cache too small for all sequences."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    paged = load_engine(checkpoint, cpu_dense_kv=False, page_size=8)
+    expected = [paged.generate([p], params)[0].token_ids for p in prompts()]
+    dense = load_engine(checkpoint, page_size=8)
+    assert dense.runner.use_dense_kv
+    assert [dense.generate([p], params)[0].token_ids for p in prompts()] == expected
+    # same prompts again: prefix-cache hits start each copy from the pages
+    again = dense.generate(prompts(), params)
+    assert [c.token_ids for c in again] == expected
+    assert any(c.stats.cached_tokens for c in again)
+    # 30 pages of 8 tokens cannot hold all four sequences at once: some get preempted
+    small = load_engine(checkpoint, page_size=8, num_pages=30, max_num_batched_tokens=32)
+    assert [c.token_ids for c in small.generate(prompts(), params)] == expected
+    assert not small.runner.dense_kv  # copies are released with their sequences
