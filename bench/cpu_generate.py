@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -60,52 +61,51 @@ def time_load() -> dict:
     return {"cold_s": cold, "cached_s": cached}
 
 
-def bench_ours(engine, decode_prompt, prefill_prompt, new_tokens: int) -> dict:
-    from engine import SamplingParams
+class Ours:
+    def __init__(self, weights: str):
+        from engine import Engine
 
-    engine.generate([decode_prompt[:64]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    engine.block_manager.reset_prefix_cache()
-    c = engine.generate([decode_prompt], SamplingParams(max_tokens=new_tokens, ignore_eos=True))[0]
-    engine.block_manager.reset_prefix_cache()
-    p = engine.generate([prefill_prompt], SamplingParams(max_tokens=1, ignore_eos=True))[0]
-    engine.block_manager.reset_prefix_cache()
-    return {
-        "decode_tok_s": c.stats.decode_tok_s,
-        "prefill_tok_s": len(prefill_prompt) / p.stats.ttft_s,
-        "prefill_s": p.stats.ttft_s,
-        "tokens": c.token_ids,
-    }
+        self.engine = Engine.load(None, device="cpu", weights=weights)
+
+    def decode(self, prompt: list[int], n: int) -> tuple[float, list[int]]:
+        from engine import SamplingParams
+
+        self.engine.block_manager.reset_prefix_cache()  # every run prefills cold
+        c = self.engine.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True))[0]
+        return c.stats.decode_tok_s, c.token_ids
+
+    def prefill(self, prompt: list[int]) -> float:
+        from engine import SamplingParams
+
+        self.engine.block_manager.reset_prefix_cache()
+        c = self.engine.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+        return len(prompt) / c.stats.ttft_s
 
 
-def bench_transformers(
-    path: Path, decode_prompt, prefill_prompt, new_tokens: int, dtype=torch.float32
-) -> dict:
-    from transformers import AutoModelForCausalLM
+class Transformers:
+    def __init__(self, path: Path, dtype: torch.dtype):
+        from transformers import AutoModelForCausalLM
 
-    t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    load_s = time.perf_counter() - t
+        t = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        self.load_s = time.perf_counter() - t
 
-    def gen(ids: list[int], n: int):
+    def _gen(self, ids: list[int], n: int) -> tuple[float, list[int]]:
         x = torch.tensor([ids])
         t = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(
+            out = self.model.generate(
                 x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
             )
         return time.perf_counter() - t, out[0, len(ids) :].tolist()
 
-    gen(decode_prompt[:64], 4)  # warm-up
-    t1, _ = gen(decode_prompt, 1)
-    tn, tokens = gen(decode_prompt, new_tokens)
-    tp, _ = gen(prefill_prompt, 1)
-    return {
-        "decode_tok_s": (new_tokens - 1) / (tn - t1),
-        "prefill_tok_s": len(prefill_prompt) / tp,
-        "prefill_s": tp,
-        "load_cached_s": load_s,
-        "tokens": tokens,
-    }
+    def decode(self, prompt: list[int], n: int) -> tuple[float, list[int]]:
+        t1, _ = self._gen(prompt, 1)  # prefill and first token, subtracted below
+        tn, tokens = self._gen(prompt, n)
+        return (n - 1) / (tn - t1), tokens
+
+    def prefill(self, prompt: list[int]) -> float:
+        return len(prompt) / self._gen(prompt, 1)[0]
 
 
 def agreement(a: list[int], b: list[int]) -> int:
@@ -120,51 +120,68 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--decode-context", type=int, default=512)
     ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from engine import Engine
     from engine.loader import resolve_source
 
     load = time_load()
-    runs = {}
-    for label, weights in (("agentctx fp32", "dense"), ("agentctx int4", "int4")):
-        engine = Engine.load(None, device="cpu", weights=weights)
-        decode_prompt = text_tokens(engine.tokenizer, args.decode_context)
-        prefill_prompt = text_tokens(engine.tokenizer, args.prefill_tokens)
-        runs[label] = bench_ours(engine, decode_prompt, prefill_prompt, args.new_tokens)
-        del engine
     path = resolve_source(None).path
-    runs["transformers fp32"] = bench_transformers(
-        path, decode_prompt, prefill_prompt, args.new_tokens
-    )
-    runs["transformers bf16"] = bench_transformers(
-        path, decode_prompt, prefill_prompt, args.new_tokens, torch.bfloat16
-    )
-    peer = runs["transformers fp32"]
+    contenders = {
+        "agentctx fp32": Ours("dense"),
+        "agentctx int4": Ours("int4"),
+        "transformers fp32": Transformers(path, torch.float32),
+        "transformers bf16": Transformers(path, torch.bfloat16),
+    }
+    tokenizer = contenders["agentctx fp32"].engine.tokenizer
+    decode_prompt = text_tokens(tokenizer, args.decode_context)
+    prefill_prompt = text_tokens(tokenizer, args.prefill_tokens)
+    for c in contenders.values():
+        c.decode(decode_prompt[:64], 4)  # warm-up
+    samples: dict[str, dict[str, list[float]]] = {
+        k: {"decode": [], "prefill": []} for k in contenders
+    }
+    tokens: dict[str, list[int]] = {}
+    # rounds interleave the contenders, so a slow spell of this shared machine hits them all
+    for _ in range(args.rounds):
+        for name, c in contenders.items():
+            rate, tokens[name] = c.decode(decode_prompt, args.new_tokens)
+            samples[name]["decode"].append(rate)
+            samples[name]["prefill"].append(c.prefill(prefill_prompt))
+    med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in samples.items()}
+    peer = med["transformers fp32"]
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     print(
-        f"SmolLM2-135M-Instruct (Q4_1 GGUF), CPU ({machine}); peer: transformers fp32 on the same dequantized weights"
+        f"SmolLM2-135M-Instruct (Q4_1 GGUF), CPU ({machine}); medians of {args.rounds} interleaved rounds"
     )
     print(
         f"{'':20s}{'decode tok/s':>13s}{'ratio':>7s}{'prefill tok/s':>15s}{'ratio':>7s}{'same greedy tokens':>20s}"
     )
-    for label, r in runs.items():
-        same = agreement(r["tokens"], peer["tokens"])
+    for name, m in med.items():
+        same = agreement(tokens[name], tokens["transformers fp32"])
+        spread = "/".join(f"{x:.1f}" for x in samples[name]["decode"])
         print(
-            f"{label:20s}{r['decode_tok_s']:13.1f}{r['decode_tok_s'] / peer['decode_tok_s']:6.2f}x"
-            f"{r['prefill_tok_s']:15.1f}{r['prefill_tok_s'] / peer['prefill_tok_s']:6.2f}x"
-            f"{same:>12d}/{args.new_tokens}"
+            f"{name:20s}{m['decode']:13.1f}{m['decode'] / peer['decode']:6.2f}x"
+            f"{m['prefill']:15.1f}{m['prefill'] / peer['prefill']:6.2f}x{same:>12d}/{args.new_tokens}"
+            f"   decode runs {spread}"
         )
     print(
         f"decode: batch 1, {args.decode_context}-token prompt, {args.new_tokens} new tokens; prefill: {args.prefill_tokens} tokens"
     )
-    print(f"load: cold (GGUF -> cache) {load['cold_s']:.2f} s; cached {load['cached_s']:.2f} s "
-          f"(transformers from the same cached safetensors: {peer['load_cached_s']:.2f} s)")  # fmt: skip
+    print(
+        f"load: cold (GGUF -> cache) {load['cold_s']:.2f} s; cached {load['cached_s']:.2f} s "
+        f"(transformers from the same cached safetensors: {contenders['transformers fp32'].load_s:.2f} s)"
+    )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"machine": machine, "runs": runs, "load": load}, indent=2)
-        )
+        out = {
+            "machine": machine,
+            "samples": samples,
+            "median": med,
+            "load": load,
+            "tokens": tokens,
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
