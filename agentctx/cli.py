@@ -43,7 +43,14 @@ def cli() -> None:
     help="Cap on packed repository tokens.",
 )
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
-def ask(question, repo, model, max_tokens, temperature, context_tokens, device) -> None:
+@click.option(
+    "--weights",
+    type=click.Choice(["auto", "dense", "int4"]),
+    default="auto",
+    show_default=True,
+    help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
+)
+def ask(question, repo, model, max_tokens, temperature, context_tokens, device, weights) -> None:
     """Answer QUESTION about the repository at --repo."""
     from agentctx.ask import ask as run_ask
     from engine import Engine, EngineError, SamplingParams
@@ -53,7 +60,7 @@ def ask(question, repo, model, max_tokens, temperature, context_tokens, device) 
     try:
         root = resolve_root(repo)
         click.echo("loading model...", err=True)
-        engine = Engine.load(model, device=device)
+        engine = Engine.load(model, device=device, weights=weights)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         run_ask(engine, str(root), question, params, context_tokens)
     except (EngineError, ToolError) as e:

@@ -1,6 +1,6 @@
 """CPU decode and prefill speed against context length, default model, int4 and fp32.
 
-    python -m bench.cpu_context [--contexts 512 4096 7500] [--new-tokens 48]
+python -m bench.cpu_context [--contexts 512 4096 7500] [--new-tokens 48]
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ def main() -> None:
             engine.block_manager.reset_prefix_cache()
             params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
             c = engine.generate([ids[:n]], params)[0]
-            print(f"{weights:8s}{n:9d}{c.stats.decode_tok_s:14.1f}{c.stats.prefill_tok_s:15.0f}", flush=True)
+            print(
+                f"{weights:8s}{n:9d}{c.stats.decode_tok_s:14.1f}{c.stats.prefill_tok_s:15.0f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

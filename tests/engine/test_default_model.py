@@ -41,7 +41,9 @@ def test_logits_match_transformers(engine, hf_model):
 def test_greedy_32_tokens_match_transformers(engine, hf_model):
     ids = chat_ids(engine, "Describe Paris, the capital of France, in a long paragraph.")
     with torch.no_grad():
-        ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[0, len(ids) :]
+        ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[
+            0, len(ids) :
+        ]
     ours = engine.generate([ids], SamplingParams(max_tokens=32))[0]
     assert len(ours.token_ids) == 32  # no early EOS: all 32 tokens are compared
     assert ours.token_ids == ref.tolist()
