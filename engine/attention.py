@@ -66,7 +66,7 @@ def _decode_attention_cpu(
 def _attention_per_sequence(
     q, k, v, kv, ctx: StepContext, scale: float, layer: int
 ) -> torch.Tensor:
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if len(ctx.query_lens) > 1 else q
     start = 0
     dense = ctx.dense_kv or [None] * len(ctx.query_lens)
     for i, (q_len, kv_len, pages) in enumerate(
@@ -97,6 +97,8 @@ def _attention_per_sequence(
             o = F.scaled_dot_product_attention(
                 qs, ks[None], vs[None], attn_mask=mask, scale=scale, enable_gqa=True
             )
+        if len(ctx.query_lens) == 1:
+            return o[0].transpose(0, 1)  # one sequence: no copy into `out`
         out[start:end] = o[0].transpose(0, 1)
         start = end
     return out
