@@ -154,6 +154,20 @@ def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     rows.append(
         {"check": "CUDA graphs in use", "ok": bool(engine.runner.graphs) or device != "cuda"}
     )
+    ahead = engine.steps_launched_ahead
+    rows.append(
+        {"check": f"decode steps launched ahead: {ahead}", "ok": ahead > 0 or device != "cuda"}
+    )
+    # sequences ending at different steps change the batch under a step launched ahead
+    mixed = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (5, 32, 17, 1)]
+    cut = [c.token_ids for c in engine.generate(prompts, mixed)]
+    same = all(c == a[: len(c)] for c, a in zip(cut, alone, strict=True))
+    rows.append(
+        {
+            "check": "uneven max_tokens in one batch == prefixes of alone",
+            "ok": same and [len(c) for c in cut] == [5, 32, 17, 1],
+        }
+    )
 
 
 def profile_decode(engine) -> None:
@@ -210,6 +224,16 @@ def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
         replay_ms = start.elapsed_time(end) / 50
         if os.environ.get("AGENTCTX_PROFILE"):
             profile_decode(engine)
+        if os.environ.get("AGENTCTX_PROFILE_HOST"):
+            import cProfile
+            import pstats
+
+            engine.block_manager.reset_prefix_cache()
+            prof = cProfile.Profile()
+            prof.enable()
+            engine.generate([prompt], params)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     out = {
         "load_s": load_s,
         "prefill_s": best.ttft_s,

@@ -209,6 +209,8 @@ class Engine:
         )
         self.requests: dict[int, Request] = {}
         self._lock = threading.RLock()
+        self._ahead: tuple | None = None  # (SchedulerOutput, handle) launched, not yet read
+        self.steps_launched_ahead = 0
 
     # -- construction ----------------------------------------------------------------------
 
@@ -314,18 +316,35 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> None:
-        """One forward pass over every running sequence; events go to each request."""
+        """One forward pass over every running sequence; events go to each request.
+
+        On CUDA, a greedy decode batch whose next step is predictable (same sequences, room in
+        their pages, nobody waiting) gets that next step launched before this one's tokens
+        are read back: the graph feeds its argmax to the next step's input on the device, so
+        the GPU does not idle while the host does its bookkeeping."""
         with self._lock:
             for req in list(self.requests.values()):
                 if req.cancelled.is_set() and not req.done:
                     self.scheduler.finish(req.seq, "cancelled")
                     self._finish(req)
-            if not self.scheduler.has_unfinished():
-                return
-            out = self.scheduler.schedule()
-            if out.is_empty:
-                raise EngineError("the KV cache is too small for the waiting request")
-            sampled = self.runner.run(out)
+            if self._ahead is not None:
+                out, handle = self._ahead  # launched by the previous call
+                self._ahead = None
+            else:
+                if not self.scheduler.has_unfinished():
+                    return
+                out = self.scheduler.schedule()
+                if out.is_empty:
+                    raise EngineError("the KV cache is too small for the waiting request")
+                handle = self.runner.launch(out) if self.runner.graph_eligible(out) else None
+            if handle is not None:
+                nxt = self._plan_ahead(out)
+                if nxt is not None:
+                    self._ahead = (nxt, self.runner.launch(nxt, ahead=True))
+                    self.steps_launched_ahead += 1
+                sampled = self.runner.collect(handle)
+            else:
+                sampled = self.runner.run(out)
             now = time.perf_counter()
             finished = self.scheduler.postprocess(out, sampled)
             for item in out.scheduled:
@@ -336,6 +355,32 @@ class Engine:
                 req = self.requests.get(seq.seq_id)
                 if req is not None and req.seq.is_finished:
                     self._finish(req)
+            if self._ahead is not None and any(
+                it.seq.is_finished for it in self._ahead[0].scheduled
+            ):
+                # the batch changed under the launched step: drop its results (its KV writes
+                # land in slots nobody reads); the scheduler takes over again
+                self._ahead = None
+
+    def _plan_ahead(self, out):
+        """The step after `out` if it is certain to be the same greedy decode batch, else None."""
+        from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+        if self.scheduler.waiting or any(r.cancelled.is_set() for r in self.requests.values()):
+            return None
+        for item in out.scheduled:
+            seq = item.seq
+            if (
+                seq.num_completion_tokens + 1 >= seq.params.max_tokens
+                or len(seq) + 1 >= self.max_model_len
+            ):
+                return None  # this step's token ends it
+        if not all(
+            self.block_manager.ensure_capacity(it.seq, len(it.seq) + 1) for it in out.scheduled
+        ):
+            return None
+        nxt = SchedulerOutput([ScheduledSeq(it.seq, 1, True) for it in out.scheduled], [])
+        return nxt if self.runner.graph_eligible(nxt) else None
 
     def _emit(self, req: Request, item, sampled: dict[int, int], now: float) -> None:
         seq = req.seq

@@ -55,14 +55,16 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
-    def prepare(self, out: SchedulerOutput):
+    def prepare(self, out: SchedulerOutput, ahead: bool = False):
+        """Host-side inputs of a step. ahead: the step after the one in flight, whose input
+        tokens are still on the device (positions one further; ids are placeholders)."""
         ids, positions, pages, offsets, rope_lens, sample_idx = [], [], [], [], [], []
         query_lens, kv_lens, page_lists = [], [], []
         P = self.page_size
         for item in out.scheduled:
-            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
+            seq, start, n = item.seq, item.seq.num_computed_tokens + ahead, item.num_tokens
             end = start + n
-            ids += seq.token_ids[start:end]
+            ids += [0] * n if ahead else seq.token_ids[start:end]
             positions += range(start, end)
             pages += [seq.block_table[p // P] for p in range(start, end)]
             offsets += [p % P for p in range(start, end)]
@@ -87,24 +89,43 @@ class ModelRunner:
     # -- execution -----------------------------------------------------------------------
 
     @torch.inference_mode()
+    def graph_eligible(self, out: SchedulerOutput) -> bool:
+        """A greedy decode batch that a captured graph serves, argmax included."""
+        items = out.scheduled
+        return (
+            self.use_graphs
+            and all(it.num_tokens == 1 and it.samples and it.seq.params.greedy for it in items)
+            and self._graph_size(len(items)) is not None
+            and not self._windowed([len(it.seq) + 1 for it in items])
+        )
+
+    def launch(self, out: SchedulerOutput, ahead: bool = False) -> tuple:
+        """Start a graph-eligible step on the device without waiting for it."""
+        ids, positions, pages, offsets, _, _, _, kv_lens, page_lists = self.prepare(out, ahead)
+        self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device=ahead)
+        return self._graph_size(len(ids)), [it.seq.seq_id for it in out.scheduled]
+
+    def collect(self, handle: tuple) -> dict[int, int]:
+        size, seq_ids = handle
+        tokens = self.graph_argmax[size][: len(seq_ids)].tolist()
+        return dict(zip(seq_ids, tokens, strict=True))
+
+    @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> dict[int, int]:
         """Run one step; returns the sampled token for each sequence that samples."""
+        if self.graph_eligible(out):
+            return self.collect(self.launch(out))
         (ids, positions, pages, offsets, rope_lens, sample_idx,
          query_lens, kv_lens, page_lists) = self.prepare(out)  # fmt: skip
-        decode_only = all(q == 1 for q in query_lens)
-        bs = len(query_lens)
         sampling = [item for item in out.scheduled if item.samples]
         params = [item.seq.params for item in sampling]
         if (
             self.use_graphs
-            and decode_only
-            and self._graph_size(bs) is not None
+            and all(q == 1 for q in query_lens)
+            and self._graph_size(len(ids))
             and not self._windowed(kv_lens)
         ):
             logits = self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists)
-            if all(p.greedy for p in params):  # the graph took the argmax already
-                tokens = self.graph_argmax[self._graph_size(bs)][:bs].tolist()
-                return {item.seq.seq_id: t for item, t in zip(sampling, tokens, strict=True)}
         else:
             hidden = self.eager_hidden(
                 ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists,
@@ -193,17 +214,21 @@ class ModelRunner:
         # all per-step inputs live in one int64 buffer, filled on the host in a pinned staging
         # copy and sent with a single transfer: [ids, positions, pages, offsets, lens, tables]
         total = 5 * n + n * self.max_pages
-        self.staging = torch.zeros(total, dtype=torch.long).pin_memory()
-        self.staging_np = self.staging.numpy()
+        # two staging buffers: the next step's inputs are written while the previous copy
+        # may still be in flight (a step launched ahead)
+        self.stagings = [torch.zeros(total, dtype=torch.long).pin_memory() for _ in range(2)]
+        self.staging_turn = 0
         self.meta = torch.zeros(total, dtype=torch.long, device=self.device)
         fields = {}
         for i, name in enumerate(("ids", "positions", "pages", "offsets", "kv_lens")):
             fields[name] = (i * n, (i + 1) * n)
         self.meta_fields = fields
-        self.staging_np[fields["pages"][0] : fields["pages"][1]] = self.scratch_page
-        self.staging_np[fields["kv_lens"][0] : fields["kv_lens"][1]] = 1
-        self.staging_np[5 * n :] = self.scratch_page
-        self.meta.copy_(self.staging)
+        for staging in self.stagings:
+            st = staging.numpy()
+            st[fields["pages"][0] : fields["pages"][1]] = self.scratch_page
+            st[fields["kv_lens"][0] : fields["kv_lens"][1]] = 1
+            st[5 * n :] = self.scratch_page
+        self.meta.copy_(self.stagings[0])
         m = self.meta
         self.gbuf = {name: m[a:b] for name, (a, b) in fields.items()}
         self.gbuf["block_tables"] = m[5 * n :].view(n, self.max_pages)
@@ -217,15 +242,21 @@ class ModelRunner:
             with torch.cuda.graph(graph, pool=pool):
                 self.graph_logits[size] = self._decode_forward(size)
                 self.graph_argmax[size] = self.graph_logits[size].argmax(dim=-1)
+                # feed the tokens back as the next step's input, for a step launched ahead
+                self.gbuf["ids"][:size].copy_(self.graph_argmax[size])
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()
 
-    def _run_graph(self, ids, positions, pages, offsets, kv_lens, page_lists) -> torch.Tensor:
+    def _run_graph(
+        self, ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device: bool = False
+    ) -> torch.Tensor:
         bs = len(ids)
         size = self._graph_size(bs)
-        st, f, n = self.staging_np, self.meta_fields, max(self.graphs)
-        # the previous step's transfer has finished: sampling read its logits back
+        staging = self.stagings[self.staging_turn]
+        self.staging_turn ^= 1
+        # this buffer's last copy (two launches ago) is done: a step was read back since
+        st, f, n = staging.numpy(), self.meta_fields, max(self.graphs)
         for name, values, pad in (
             ("ids", ids, 0), ("positions", positions, 0), ("pages", pages, self.scratch_page),
             ("offsets", offsets, 0), ("kv_lens", kv_lens, 1),
@@ -237,6 +268,7 @@ class ModelRunner:
         for i, pl in enumerate(page_lists):
             tables[i, : len(pl)] = pl
         used = 5 * n + size * self.max_pages
-        self.meta[:used].copy_(self.staging[:used], non_blocking=True)
+        first = n if ids_on_device else 0  # keep the ids the previous graph wrote
+        self.meta[first:used].copy_(staging[first:used], non_blocking=True)
         self.graphs[size].replay()
         return self.graph_logits[size][:bs]
