@@ -99,6 +99,7 @@ class ModelRunner:
             and not self._windowed([len(it.seq) + 1 for it in items])
         )
 
+    @torch.inference_mode()
     def launch(self, out: SchedulerOutput, ahead: bool = False) -> tuple:
         """Start a graph-eligible step on the device without waiting for it."""
         ids, positions, pages, offsets, _, _, _, kv_lens, page_lists = self.prepare(out, ahead)
