@@ -104,11 +104,19 @@ class ModelRunner:
         """Start a graph-eligible step on the device without waiting for it."""
         ids, positions, pages, offsets, _, _, _, kv_lens, page_lists = self.prepare(out, ahead)
         self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device=ahead)
-        return self._graph_size(len(ids)), [it.seq.seq_id for it in out.scheduled]
+        size = self._graph_size(len(ids))
+        # copy the tokens out now: the next graph, launched before they are read, rewrites
+        # the argmax buffer
+        turn = self.token_turn
+        self.token_turn ^= 1
+        self.token_host[turn][:size].copy_(self.graph_argmax[size], non_blocking=True)
+        self.token_events[turn].record()
+        return turn, [it.seq.seq_id for it in out.scheduled]
 
     def collect(self, handle: tuple) -> dict[int, int]:
-        size, seq_ids = handle
-        tokens = self.graph_argmax[size][: len(seq_ids)].tolist()
+        turn, seq_ids = handle
+        self.token_events[turn].synchronize()
+        tokens = self.token_host[turn][: len(seq_ids)].tolist()
         return dict(zip(seq_ids, tokens, strict=True))
 
     @torch.inference_mode()
@@ -219,6 +227,10 @@ class ModelRunner:
         # may still be in flight (a step launched ahead)
         self.stagings = [torch.zeros(total, dtype=torch.long).pin_memory() for _ in range(2)]
         self.staging_turn = 0
+        # sampled tokens come back through two pinned buffers, each with its event
+        self.token_host = [torch.zeros(n, dtype=torch.long).pin_memory() for _ in range(2)]
+        self.token_events = [torch.cuda.Event() for _ in range(2)]
+        self.token_turn = 0
         self.meta = torch.zeros(total, dtype=torch.long, device=self.device)
         fields = {}
         for i, name in enumerate(("ids", "positions", "pages", "offsets", "kv_lens")):
