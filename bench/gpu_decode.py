@@ -74,40 +74,45 @@ def check_kernel(rows: list[dict], device: str) -> None:
         )
 
 
-def tune_kernel(device: str) -> list[dict]:
-    """Paged decode kernel alone, Llama-8B heads, batch 1, 4K tokens: split count and block."""
-    import triton.testing
-
-    from kernels.paged_decode import default_num_splits, paged_decode_attention
+def time_kernel_in_graph(device: str) -> dict:
+    """Paged decode attention for the 32 layers of one Llama-8B decode step (batch 1, 4K
+    tokens), captured in a CUDA graph as the engine runs it: split merge fused into the
+    attention kernel, or as a second kernel."""
+    from kernels.paged_decode import paged_decode_attention
 
     P, Hkv, Hq, D, ctx = 16, 8, 32, 128, 4096
     pages = ctx // P
-    kv = torch.randn(pages + 1, Hkv, 2, P, D, device=device, dtype=torch.bfloat16)
+    kvs = [
+        torch.randn(pages + 1, Hkv, 2, P, D, device=device, dtype=torch.bfloat16) for _ in range(32)
+    ]
     table = torch.randperm(pages, device=device).int()[None]
     lens = torch.tensor([ctx], device=device, dtype=torch.int32)
     q = torch.randn(1, Hq, D, device=device, dtype=torch.bfloat16)
-    out = []
-    default = default_num_splits(1, Hkv, q.device)
-    for splits in sorted({16, 33, 66, 128, default}):
-        for block_n in (16, 32, 64, 128):
-            ms = triton.testing.do_bench(
-                lambda s=splits, b=block_n: paged_decode_attention(
-                    q, kv, table, lens, D**-0.5, num_splits=s, block_n=b
-                )
-            )
-            out.append(
-                {
-                    "splits": splits,
-                    "block_n": block_n,
-                    "us": ms * 1e3,
-                    "GBps": 2 * ctx * Hkv * D * 2 / ms / 1e6,
-                }
-            )
-    best = min(out, key=lambda r: r["us"])
+    out = {}
+    for fused in (True, False):
+
+        def step(fused=fused):
+            for kv in kvs:
+                paged_decode_attention(q, kv, table, lens, D**-0.5, fused=fused)
+
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        out["fused" if fused else "two kernels"] = (
+            start.elapsed_time(end) / 20 / 32 * 1e3
+        )  # us per layer
     print(
-        f"paged decode kernel, 4K ctx batch 1: default ({default} splits, block 64) "
-        f"{next(r['us'] for r in out if r['splits'] == default and r['block_n'] == 64):.1f} us; "
-        f"best {best['splits']} splits block {best['block_n']}: {best['us']:.1f} us ({best['GBps']:.0f} GB/s)",
+        f"paged decode attention per layer in a graph (4K tokens, batch 1): fused merge "
+        f"{out['fused']:.1f} us, separate combine {out['two kernels']:.1f} us",
         flush=True,
     )
     return out
@@ -302,7 +307,7 @@ def main() -> None:
     rows: list[dict] = []
     check_kernel(rows, args.device)
     check_engine_vs_transformers(rows, args.device)
-    tuning = tune_kernel(args.device) if args.device == "cuda" else []
+    tuning = time_kernel_in_graph(args.device) if args.device == "cuda" else {}
     for r in rows:
         err = f"  max abs err {r['max_abs_err']:.2e}" if "max_abs_err" in r else ""
         print(f"[{'ok' if r['ok'] else 'FAIL'}] {r['check']}{err}", flush=True)

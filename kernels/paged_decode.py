@@ -22,15 +22,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _paged_decode_kernel(
-        Q, KV, BT, LENS, ACC, M, L,
+        Q, KV, BT, LENS, ACC, M, L, CNT, OUT,
         scale,
         s_qb, s_qh,
         s_kvp, s_kvh, s_kvkv, s_kvt,
         s_btb,
         s_ab, s_ah, s_as,
-        s_mb, s_mh,
+        s_mb, s_mh, s_ob, s_oh,
         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+        FUSED: tl.constexpr, SP: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -80,27 +81,78 @@ if HAS_TRITON:
         )
         tl.store(M + b * s_mb + heads * s_mh + s, m_i, mask=q_mask)
         tl.store(L + b * s_mb + heads * s_mh + s, l_i, mask=q_mask)
+        if FUSED:
+            # the last split of (b, h) to finish merges all of them: no second kernel
+            tl.debug_barrier()  # every thread's partial is written before the count
+            done = tl.atomic_add(CNT + b * tl.num_programs(1) + h, 1, sem="acq_rel")
+            if done == NUM_SPLITS - 1:
+                for gi in tl.static_range(G):
+                    _merge_head(
+                        ACC,
+                        M,
+                        L,
+                        OUT,
+                        b,
+                        h * G + gi,
+                        s_ab,
+                        s_ah,
+                        s_as,
+                        s_mb,
+                        s_mh,
+                        s_ob,
+                        s_oh,
+                        NUM_SPLITS,
+                        SP,
+                        D,
+                    )
+                tl.store(CNT + b * tl.num_programs(1) + h, 0)  # ready for the next call
+
+    @triton.jit
+    def _merge_head(
+        ACC, M, L, OUT, b, head, s_ab, s_ah, s_as, s_mb, s_mh, s_ob, s_oh,
+        NUM_SPLITS: tl.constexpr, SP: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
+        s = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        valid = s < NUM_SPLITS
+        # .cg: read the other programs' partials from L2, not a stale L1 line
+        m = tl.load(
+            M + b * s_mb + head * s_mh + s, mask=valid, other=float("-inf"), cache_modifier=".cg"
+        )
+        lsum = tl.load(L + b * s_mb + head * s_mh + s, mask=valid, other=0.0, cache_modifier=".cg")
+        w = tl.exp(m - tl.max(m, 0))  # empty splits: exp(-inf) = 0
+        acc = tl.load(
+            ACC + b * s_ab + head * s_ah + s[:, None] * s_as + d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+        tl.store(OUT + b * s_ob + head * s_oh + d, out.to(OUT.dtype.element_ty))
 
     @triton.jit
     def _combine_kernel(
         ACC, M, L, OUT, s_ab, s_ah, s_as, s_mb, s_mh, s_ob, s_oh,
         NUM_SPLITS: tl.constexpr, SP: tl.constexpr, D: tl.constexpr,
     ):  # fmt: skip
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.arange(0, SP)
-        d = tl.arange(0, D)
-        valid = s < NUM_SPLITS
-        m = tl.load(M + b * s_mb + h * s_mh + s, mask=valid, other=float("-inf"))
-        lsum = tl.load(L + b * s_mb + h * s_mh + s, mask=valid, other=0.0)
-        w = tl.exp(m - tl.max(m, 0))  # empty splits: exp(-inf) = 0
-        acc = tl.load(
-            ACC + b * s_ab + h * s_ah + s[:, None] * s_as + d[None, :],
-            mask=valid[:, None],
-            other=0.0,
+        _merge_head(
+            ACC,
+            M,
+            L,
+            OUT,
+            tl.program_id(0),
+            tl.program_id(1),
+            s_ab,
+            s_ah,
+            s_as,
+            s_mb,
+            s_mh,
+            s_ob,
+            s_oh,
+            NUM_SPLITS,
+            SP,
+            D,
         )
-        out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
-        tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty))
 
 
 def default_num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
@@ -124,6 +176,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     block_n: int = 64,
     use_triton: bool | None = None,
+    fused: bool = True,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; kv: [N, Hkv, 2, P, D]; block_tables: [B, max_pages] int32;
     kv_lens: [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype."""
@@ -140,23 +193,40 @@ def paged_decode_attention(
     acc = torch.empty(B, Hq, num_splits, D, device=q.device, dtype=torch.float32)
     m = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)
     lsum = torch.empty_like(m)
+    out = torch.empty_like(q)
+    sp = triton.next_power_of_2(num_splits)
+    counters = _split_counters(q.device, B * Hkv) if fused else m  # unused when not fused
     _paged_decode_kernel[(B, Hkv, num_splits)](
-        q, kv, block_tables, kv_lens, acc, m, lsum,
+        q, kv, block_tables, kv_lens, acc, m, lsum, counters, out,
         scale,
         q.stride(0), q.stride(1),
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
         block_tables.stride(0),
         acc.stride(0), acc.stride(1), acc.stride(2),
-        m.stride(0), m.stride(1),
+        m.stride(0), m.stride(1), out.stride(0), out.stride(1),
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, P=P,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
+        FUSED=fused, SP=sp,
     )  # fmt: skip
-    out = torch.empty_like(q)
-    _combine_kernel[(B, Hq)](
-        acc, m, lsum, out, acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
-        out.stride(0), out.stride(1), NUM_SPLITS=num_splits, SP=triton.next_power_of_2(num_splits), D=D,
-    )  # fmt: skip
+    if not fused:
+        _combine_kernel[(B, Hq)](
+            acc, m, lsum, out, acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
+            out.stride(0), out.stride(1), NUM_SPLITS=num_splits, SP=sp, D=D,
+        )  # fmt: skip
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (sequence, KV head), kept for the process: each call
+    leaves them at zero again, and CUDA graphs capture their address once."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def paged_decode_reference(

@@ -15,10 +15,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_matches_reference(group, head_dim, dtype):
+def test_matches_reference(group, head_dim, dtype, fused):
     if dtype is torch.bfloat16 and DEVICE == "cpu":
         # the Triton 3.9 interpreter's bf16 tl.dot is wrong (a plain 16x64 dot is off by 1e10);
         # bf16 is checked on the GPU (bench/gpu_decode.py) and fp16 here
@@ -37,7 +38,9 @@ def test_matches_reference(group, head_dim, dtype):
         used += n
     q = torch.randn(len(lens), Hkv * group, head_dim, generator=g).to(dtype)
     args = [t.to(DEVICE) for t in (q, kv, tables, lens)]
-    out = paged_decode_attention(*args, head_dim**-0.5, num_splits=3, block_n=32, use_triton=True)
+    out = paged_decode_attention(
+        *args, head_dim**-0.5, num_splits=3, block_n=32, use_triton=True, fused=fused
+    )
     ref = paged_decode_reference(*args, head_dim**-0.5)
     assert (out.float() - ref.float()).abs().max().item() < TOL[dtype]
 
