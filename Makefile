@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 Q      ?= What does this repository do?
 REPO   ?= .
+PYDIRS := agentctx engine kernels tools sessions bench tests
 
 .PHONY: setup ask test test-fast lint bench bench-cpu clean
 
@@ -32,8 +33,8 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not e2e"
 
 lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check $(PYDIRS)
+	$(VENV)/bin/ruff format --check $(PYDIRS)
 
 bench: bench-cpu
 
