@@ -85,3 +85,25 @@ def test_cpu_dense_kv_copy_matches_paged_gather(checkpoint):
     small = load_engine(checkpoint, page_size=8, num_pages=30, max_num_batched_tokens=32)
     assert [c.token_ids for c in small.generate(prompts(), params)] == expected
     assert not small.runner.dense_kv  # copies are released with their sequences
+
+
+def test_cpu_bf16_tracks_fp32(checkpoint):
+    """The engine also runs in bf16 on the CPU: logits stay close to fp32."""
+    import torch
+
+    from engine.llm_engine import prompt_logits
+    from engine.loader import build_model, load_checkpoint_weights, read_config, resolve_source
+
+    source = resolve_source(checkpoint)
+    cfg = read_config(source)
+    model = build_model(cfg, torch.device("cpu"), torch.bfloat16)
+    load_checkpoint_weights(model, source.path)
+    from engine import Engine
+
+    bf16 = Engine(model, cfg, None, dtype=torch.bfloat16)
+    fp32 = load_engine(checkpoint)
+    ids = prompts()[3]
+    a, b = prompt_logits(fp32, ids), prompt_logits(bf16, ids)
+    assert bf16.runner.kv.pool.dtype == torch.bfloat16
+    assert (a - b).abs().max().item() < 0.1
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
