@@ -1,0 +1,38 @@
+"""Write transactions that take SQLite's write lock up front."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+
+from sqlite_utils import Database
+
+
+@contextlib.contextmanager
+def write_transaction(db: Database) -> Iterator[Database]:
+    """BEGIN IMMEDIATE, so a read-then-write (such as max(seq)+1) holds the write lock
+    from the read on and another process cannot slip in between; with busy_timeout set,
+    a second writer waits here instead of failing. Nested use becomes a savepoint."""
+    conn = db.conn
+    if conn.in_transaction:
+        name = f"sp_{secrets.token_hex(4)}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield db
+        except BaseException:
+            # An error may already have ended the whole transaction, savepoint included.
+            if conn.in_transaction:
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+            raise
+        conn.execute(f"RELEASE {name}")
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
