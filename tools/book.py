@@ -1,0 +1,175 @@
+"""Navigate a book kept as one plain-text or markdown file: chapters, lines, search."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.errors import ToolError, UnreadableFileError
+from tools.grep import clip_around, compile_pattern
+from tools.read_file import format_range, split_lines
+from tools.repo_files import read_text
+
+# Moby-Dick is 1.2 MB; a long book is a few MB. Beyond this it is not one book.
+BOOK_MAX_BYTES = 20_000_000
+# Without headings the book is cut into parts of this many lines.
+PART_LINES = 500
+
+# "CHAPTER I", "Chapter 12.", "CHAPTER XLII. The Pequod", "Chapter 3 - Title"; the
+# punctuation rule keeps prose such as "Chapter I think..." from being taken as a heading.
+_CHAPTER = re.compile(
+    r"^\s{0,4}chapter\s+(?:\d+|[ivxlcdm]+)\b(?:\s*$|\s*[.:]\s*\S.*$|\s*[.:]$|\s+[-–—]\s*\S.*$)",
+    re.IGNORECASE,
+)
+# Sections with no number that books still open with a heading line of their own.
+_SECTION = re.compile(
+    r"^\s{0,4}(?:prologue|epilogue|preface|introduction|afterword)\.?\s*$", re.IGNORECASE
+)
+_MARKDOWN = re.compile(r"^#{1,2}\s+(\S.*?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+@dataclass(frozen=True)
+class Chapter:
+    index: int  # 0 only for front matter before the first heading
+    title: str
+    start_line: int
+    end_line: int
+    words: int
+
+
+def chapters(book_path: str | os.PathLike[str]) -> list[Chapter]:
+    return _split(_lines(book_path))
+
+
+def list_chapters(book_path: str | os.PathLike[str]) -> str:
+    """chapters() as text for the model."""
+    found = chapters(book_path)
+    total = sum(chapter.words for chapter in found)
+    out = [f"{Path(book_path).name}: {len(found)} chapters, {total:,} words"]
+    for c in found:
+        out.append(
+            f"{c.index:>3}. {c.title} (lines {c.start_line}-{c.end_line}, {c.words:,} words)"
+        )
+    return "\n".join(out)
+
+
+def read_chapter(book_path: str | os.PathLike[str], index: int, max_lines: int = 1000) -> str:
+    lines = _lines(book_path)
+    found = _split(lines)
+    by_index = {chapter.index: chapter for chapter in found}
+    if index not in by_index:
+        first, last = found[0].index, found[-1].index
+        raise ToolError(f"no chapter {index}: chapters run from {first} to {last}")
+    c = by_index[index]
+    label = f"chapter {c.index}: {c.title}"
+    return format_range(label, lines, c.start_line, c.end_line, max_lines)
+
+
+def read_lines(
+    book_path: str | os.PathLike[str], start: int, end: int | None = None, max_lines: int = 400
+) -> str:
+    return format_range(Path(book_path).name, _lines(book_path), start, end, max_lines)
+
+
+def search_book(
+    book_path: str | os.PathLike[str], query: str, max_matches: int = 50, regex: bool = False
+) -> str:
+    """Case-insensitive search for a substring, or for a Python regex when regex is true."""
+    if not query:
+        raise ToolError("query is empty")
+    if max_matches < 1:
+        raise ToolError(f"max_matches must be 1 or more, got {max_matches}")
+    pattern = compile_pattern(query if regex else re.escape(query), ignore_case=True)
+    lines = _lines(book_path)
+    found = _split(lines)
+    out: list[str] = []
+    count = 0
+    chapter_at = iter(found)
+    current = next(chapter_at)
+    for number, line in enumerate(lines, 1):
+        match = pattern.search(line)
+        if match is None:
+            continue
+        while number > current.end_line:
+            current = next(chapter_at)
+        count += 1
+        if count <= max_matches:
+            out.append(
+                f"chapter {current.index}, line {number}: {clip_around(line, match.start())}"
+            )
+    if not out:
+        return f"no matches for {query!r}"
+    if count > max_matches:
+        out.append(f"... {count - max_matches} more matches")
+    return "\n".join(out)
+
+
+def _lines(book_path: str | os.PathLike[str]) -> list[str]:
+    path = Path(book_path).expanduser()
+    if not path.exists():
+        raise UnreadableFileError(f"book not found: {book_path}")
+    if path.is_dir():
+        raise UnreadableFileError(f"a book is one text file, not a directory: {book_path}")
+    # the user named this file, so a symlink is followed; its own directory is the root
+    path = path.resolve()
+    lines = split_lines(read_text(path.parent, path.name, max_bytes=BOOK_MAX_BYTES))
+    if not any(line.strip() for line in lines):
+        raise ToolError(f"the book is empty: {book_path}")
+    return lines
+
+
+def _split(lines: list[str]) -> list[Chapter]:
+    starts = _chapter_headings(lines) or _markdown_headings(lines)
+    if not starts:
+        starts = [(n, f"part {i}") for i, n in enumerate(range(1, len(lines) + 1, PART_LINES), 1)]
+    found: list[Chapter] = []
+    first = starts[0][0]
+    if first > 1 and _words(lines, 1, first - 1):
+        found.append(Chapter(0, "(front matter)", 1, first - 1, _words(lines, 1, first - 1)))
+    bounds = [n for n, _ in starts[1:]] + [len(lines) + 1]
+    for i, ((start, title), next_start) in enumerate(zip(starts, bounds, strict=True), 1):
+        end = next_start - 1
+        found.append(Chapter(i, title, start, end, _words(lines, start, end)))
+    return found
+
+
+def _chapter_headings(lines: list[str]) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for number, line in enumerate(lines, 1):
+        # a heading stands after a blank line; this skips runs of contents-table entries
+        after_blank = number == 1 or not lines[number - 2].strip()
+        if after_blank and len(line) < 100 and _is_heading(line):
+            found.append((number, line.strip()))
+    if not any(_CHAPTER.match(lines[n - 1]) for n, _ in found):
+        return []  # a lone "Introduction" line does not make chapters
+    # a heading followed by nothing but more headings is a table of contents entry
+    ends = [n - 1 for n, _ in found[1:]] + [len(lines)]
+    return [
+        (n, title)
+        for (n, title), end in zip(found, ends, strict=True)
+        if any(not _is_heading(line) and line.strip() for line in lines[n:end])
+    ]
+
+
+def _is_heading(line: str) -> bool:
+    return bool(_CHAPTER.match(line) or _SECTION.match(line))
+
+
+def _markdown_headings(lines: list[str]) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    in_fence = False
+    for number, line in enumerate(lines, 1):
+        if _FENCE.match(line):
+            in_fence = not in_fence  # a "# comment" inside a code block is no heading
+            continue
+        match = None if in_fence else _MARKDOWN.match(line)
+        if match:
+            found.append((number, match.group(1)))
+    return found
+
+
+def _words(lines: list[str], start: int, end: int) -> int:
+    return sum(len(line.split()) for line in lines[start - 1 : end])

@@ -1,0 +1,234 @@
+"""Read-only views of a repository's git history: log, show, diff and blame."""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tools.errors import FileTooLargeError, ToolError
+from tools.read_file import check_range, number_lines, split_lines
+from tools.repo_files import _is_ignored_by, _open_repo, confine, read_text, resolve_root
+
+if TYPE_CHECKING:
+    import git
+
+# A repository's own config can name programs git would run: external diff drivers,
+# textconv filters, an fsmonitor hook. None of them may run from a read-only tool.
+SAFE_CONFIG = ("-c", "core.fsmonitor=false", "-c", "diff.external=")
+SAFE_DIFF = ("--no-ext-diff", "--no-textconv")
+# Keeps `git diff` from refreshing .git/index: these tools must not write anything.
+SAFE_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
+
+NO_COMMITS = "the repository has no commits yet"
+# The same limit read_text puts on files in the work tree.
+MAX_FILE_BYTES = 1_000_000
+
+
+def git_log(root: str | os.PathLike[str], path: str | None = None, max_count: int = 20) -> str:
+    if max_count < 1:
+        raise ToolError(f"max_count must be 1 or more, got {max_count}")
+    with _Repo(root) as repo:
+        repo.require_commits()
+        spec = repo.pathspec(path)
+        # one extra commit tells whether there are more than were asked for
+        args = ["log", f"--max-count={max_count + 1}", "--date=short"]
+        args.append("--format=%h %ad %an: %s")
+        if path is not None and repo.confined(path).is_file():
+            args.append("--follow")  # a file's history goes on past its renames
+        lines = split_lines(repo.run(*args, "--", *spec))
+    if not lines:
+        return f"no commits touch {path or 'this directory'}"
+    if len(lines) > max_count:
+        lines = [*lines[:max_count], f"... more commits; raise max_count (now {max_count})"]
+    return "\n".join(lines)
+
+
+def git_show(
+    root: str | os.PathLike[str],
+    rev: str = "HEAD",
+    path: str | None = None,
+    max_chars: int = 20000,
+) -> str:
+    with _Repo(root) as repo:
+        repo.require_commits()
+        repo.verify(rev)
+        if path is None:
+            spec = repo.pathspec(None)
+            text = repo.run("show", *SAFE_DIFF, "--patch-with-stat", rev, "--", *spec)
+            return _cap(text, max_chars)
+        rel = repo.relative(path)
+        obj = f"{rev}:{'' if rel == '.' else rel}"
+        size = int(repo.run("cat-file", "-s", obj))
+        if size > MAX_FILE_BYTES:  # refused before git loads it, as read_text does on disk
+            raise FileTooLargeError(f"{path} at {rev}", size, MAX_FILE_BYTES)
+        data = repo.run_bytes("show", "--no-textconv", obj)
+    try:
+        if b"\0" in data:
+            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"not a text file: {path} at {rev}") from None
+    lines = split_lines(text.replace("\r\n", "\n"))
+    body = "\n".join(number_lines(lines, 1))
+    return _cap(f"{path} at {rev} ({len(lines)} lines)\n{body}", max_chars)
+
+
+def git_diff(
+    root: str | os.PathLike[str],
+    rev_a: str | None = None,
+    rev_b: str | None = None,
+    path: str | None = None,
+    max_chars: int = 20000,
+) -> str:
+    if rev_a is None and rev_b is not None:
+        raise ToolError("rev_b needs rev_a: give both revisions, or only rev_a")
+    with _Repo(root) as repo:
+        repo.require_commits()
+        revs = [rev_a or "HEAD"] + ([rev_b] if rev_b else [])
+        for rev in revs:
+            repo.verify(rev)
+        spec = repo.pathspec(path)
+        text = repo.run("diff", *SAFE_DIFF, "--patch-with-stat", *revs, "--", *spec)
+        untracked: list[str] = []
+        if rev_b is None:
+            # git diff never shows new files it does not track; the model should know of them
+            untracked = split_lines(
+                repo.run("ls-files", "--others", "--exclude-standard", "--", *spec)
+            )
+    if untracked:
+        text += ("\n\n" if text else "") + "untracked files: " + ", ".join(untracked)
+    return _cap(text, max_chars) if text else "no differences"
+
+
+def git_blame(
+    root: str | os.PathLike[str],
+    path: str,
+    start: int = 1,
+    end: int | None = None,
+    max_lines: int = 400,
+) -> str:
+    with _Repo(root) as repo:
+        repo.require_commits()
+        # reading the file first refuses binary and huge files and validates the range
+        total = len(split_lines(read_text(repo.base, path)))
+        last = min(check_range(path, total, start, end), start + max(max_lines, 1) - 1)
+        spec = repo.pathspec(path)
+        if not repo.run("ls-files", "--", *spec):
+            raise ToolError(f"not tracked by git: {path}")
+        # blame takes a plain path, not a pathspec with magic
+        rel = repo.relative(path)
+        porcelain = repo.run(
+            "blame", "--line-porcelain", "--no-textconv", f"-L{start},{last}", "--", rel
+        )
+    rows = _parse_blame(porcelain)
+    width = max((len(author) for _, author, _, _ in rows), default=0)
+    number_width = max(4, len(str(last)))
+    out = [f"{path} (lines {start}-{last} of {total})"]
+    for number, (sha, author, date, text) in enumerate(rows, start):
+        out.append(f"{sha} {author:<{width}} {date} {number:>{number_width}}| {text}")
+    if last < (total if end is None else min(end, total)):
+        out.append(f"... truncated at {max_lines} lines; read on with start={last + 1}")
+    return "\n".join(out)
+
+
+class _Repo:
+    """An open repository plus the root the user named, which may be a subdirectory of it."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.base = resolve_root(root)
+        try:
+            import git  # noqa: F401  late: GitPython refuses to import without a git binary
+        except ImportError as exc:
+            raise ToolError("git tools need GitPython and a git executable") from exc
+        repo = _open_repo(self.base)
+        if repo is not None and _is_ignored_by(repo, self.base):
+            repo.close()  # the enclosing repository ignores these files: it is not their history
+            repo = None
+        if repo is None:
+            raise ToolError(f"not a git repository: {root}")
+        self.repo: git.Repo = repo
+        self.top = Path(repo.working_tree_dir).resolve()
+
+    def __enter__(self) -> _Repo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.repo.close()
+
+    def require_commits(self) -> None:
+        if not self.repo.head.is_valid():
+            raise ToolError(NO_COMMITS)
+
+    def verify(self, rev: str) -> None:
+        # a leading dash would be read as an option (--output=FILE writes a file)
+        if not rev or rev.startswith("-") or "\0" in rev:
+            raise ToolError(f"bad revision: {rev!r}")
+        try:
+            self.run("rev-parse", "--verify", "--quiet", rev)
+        except ToolError:
+            raise ToolError(f"unknown revision: {rev}") from None
+
+    def confined(self, path: str) -> Path:
+        return confine(self.base, path)
+
+    def relative(self, path: str | None) -> str:
+        """path (or the root when None) relative to the work tree's top, where git runs."""
+        target = self.base if path is None else self.confined(path)
+        return target.relative_to(self.top).as_posix()
+
+    def pathspec(self, path: str | None) -> list[str]:
+        """The git pathspec limiting a command to path, or to the root the user named."""
+        rel = self.relative(path)
+        # ":(literal)" so a name with * or ? means that file, not a glob
+        return [] if rel == "." else [f":(literal){rel}"]
+
+    def run(self, *args: str) -> str:
+        return self.run_bytes(*args).decode("utf-8", errors="replace")
+
+    def run_bytes(self, *args: str) -> bytes:
+        import git
+
+        command = ["git", *SAFE_CONFIG, *args]
+        try:
+            return self.repo.git.execute(command, stdout_as_string=False, env=SAFE_ENV)
+        except git.exc.GitCommandError as exc:
+            raise ToolError(_git_message(exc)) from None
+
+
+def _git_message(exc: Exception) -> str:
+    """Git's own one-line complaint, without GitPython's wrapping."""
+    stderr = str(getattr(exc, "stderr", "") or "")
+    match = re.search(r"stderr: '(.*)'\s*$", stderr, re.DOTALL)
+    text = match.group(1) if match else stderr
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return f"git failed: {exc}"
+    # the caller adds its own "error: " in front
+    return re.sub(r"^(fatal|error): ", "", lines[0])
+
+
+def _parse_blame(porcelain: str) -> list[tuple[str, str, str, str]]:
+    rows: list[tuple[str, str, str, str]] = []
+    sha = author = date = ""
+    for line in porcelain.split("\n"):
+        if line.startswith("\t"):
+            rows.append((sha, author, date, line[1:].rstrip("\r")))
+        elif re.match(r"^[0-9a-f]{40} ", line):
+            sha = "uncommit" if line[:40] == "0" * 40 else line[:8]
+        elif line.startswith("author "):
+            author = line[len("author ") :][:20]
+        elif line.startswith("author-time "):
+            stamp = int(line.split()[1])
+            date = datetime.fromtimestamp(stamp, timezone.utc).date().isoformat()
+    return rows
+
+
+def _cap(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    return (
+        f"{text[:max_chars]}\n... truncated at {max_chars} of {len(text)} chars; narrow with path"
+    )

@@ -1,0 +1,78 @@
+"""Search the repository's text files with a Python regular expression."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pathspec
+
+from tools.errors import ToolError
+from tools.read_file import split_lines
+from tools.repo_files import list_files, read_text, resolve_root
+
+# Long enough to show the match in context, short enough that 200 hits stay readable.
+MATCH_LINE_CHARS = 200
+
+
+def grep(
+    root: str | os.PathLike[str],
+    pattern: str,
+    path_glob: str | None = None,
+    ignore_case: bool = False,
+    max_matches: int = 200,
+) -> str:
+    regex = compile_pattern(pattern, ignore_case)
+    if max_matches < 1:
+        raise ToolError(f"max_matches must be 1 or more, got {max_matches}")
+    base = resolve_root(root)
+    paths = list_files(base)
+    if path_glob:
+        # git's wildcard rules: "*.py" matches at any depth, "src/" a whole directory
+        spec = pathspec.GitIgnoreSpec.from_lines([path_glob])
+        paths = [path for path in paths if spec.match_file(path)]
+
+    shown: list[str] = []
+    found = skipped = 0
+    for path in paths:
+        try:
+            text = read_text(base, path)
+        except ToolError:
+            skipped += 1  # binary, too large or unreadable: not worth a line each
+            continue
+        for number, line in enumerate(split_lines(text), 1):
+            match = regex.search(line)
+            if match is None:
+                continue
+            found += 1
+            if found <= max_matches:
+                shown.append(f"{path}:{number}: {clip_around(line, match.start())}")
+
+    where = f"{len(paths)} files" + (f" matching {path_glob!r}" if path_glob else "")
+    if not shown:
+        shown.append(f"no matches for {pattern!r} in {where}")
+    if found > max_matches:
+        shown.append(f"... {found - max_matches} more matches")
+    if skipped:
+        shown.append(f"({skipped} binary, too large or unreadable files skipped)")
+    return "\n".join(shown)
+
+
+def compile_pattern(pattern: str, ignore_case: bool) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as exc:
+        raise ToolError(f"invalid regex {pattern!r}: {exc}") from exc
+
+
+def clip_around(line: str, at: int, limit: int = MATCH_LINE_CHARS) -> str:
+    """The line cut to limit chars, keeping the match at `at` in view."""
+    stripped = line.lstrip()
+    at -= len(line) - len(stripped)  # indentation is noise in a match listing
+    line = stripped.rstrip()
+    if len(line) <= limit:
+        return line
+    begin = max(0, min(at - limit // 4, len(line) - limit))
+    head = "…" if begin else ""
+    tail = "…" if begin + limit < len(line) else ""
+    return f"{head}{line[begin : begin + limit]}{tail}"

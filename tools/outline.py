@@ -1,0 +1,67 @@
+"""A Python file's classes and functions with their lines, to pick what to read in full."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from tools.errors import ToolError
+from tools.repo_files import read_text, resolve_root
+
+PYTHON_SUFFIXES = (".py", ".pyi")
+
+_Def = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def outline(root: str | os.PathLike[str], path: str) -> str:
+    if not path.endswith(PYTHON_SUFFIXES):
+        raise ToolError(f"outline supports Python files (.py, .pyi), not {path}")
+    text = read_text(resolve_root(root), path)
+    try:
+        tree = ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        raise ToolError(f"syntax error in {path} line {exc.lineno}: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:
+        # absurdly deep nesting overflows the parser; there is no outline to give
+        raise ToolError(f"cannot parse {path}: {type(exc).__name__}") from None
+
+    total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    rows: list[tuple[str, str]] = []
+    for node in tree.body:
+        if isinstance(node, _Def):
+            rows.append((_span(node), signature(node)))
+            if isinstance(node, ast.ClassDef):
+                for child in node.body:
+                    if isinstance(child, _Def):
+                        rows.append((_span(child), "    " + signature(child)))
+    if not rows:
+        return f"{path} ({total} lines): no top-level classes or functions"
+    width = max(len(span) for span, _ in rows)
+    body = [f"{span:>{width}}  {text}" for span, text in rows]
+    return "\n".join([f"{path} ({total} lines)", *body])
+
+
+def signature(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:
+    # decorators such as @property or @staticmethod change how the name is used
+    decorators = "".join(f"@{_unparse(d)} " for d in node.decorator_list)
+    if isinstance(node, ast.ClassDef):
+        bases = [_unparse(b) for b in node.bases]
+        bases += [
+            f"{k.arg}={_unparse(k.value)}" if k.arg else f"**{_unparse(k.value)}"
+            for k in node.keywords
+        ]
+        return f"{decorators}class {node.name}" + (f"({', '.join(bases)})" if bases else "")
+    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    returns = f" -> {_unparse(node.returns)}" if node.returns else ""
+    return f"{decorators}{prefix} {node.name}({_unparse(node.args)}){returns}"
+
+
+def _span(node: ast.stmt) -> str:
+    # the first decorator's line, so a read of that range shows the whole definition
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return f"{first}-{node.end_lineno or node.lineno}"
+
+
+def _unparse(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 120 else text[:117] + "..."
