@@ -1,30 +1,33 @@
-"""`agentctx ask`: pack a repository, ask the model, stream the answer."""
+"""`agentctx ask`: one turn of a conversation about a repository, stored as a session.
+
+A new session packs the repository into its first user message; a follow-up (`-c`, or
+`--session NAME`) sends the stored turns again plus the new question, so the prompt of turn
+N+1 starts with exactly the tokens of turn N.
+"""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from agentctx.packing import PackedContext, pack_repository, summary_line
-from agentctx.progress import Progress
 
 SYSTEM_PROMPT = (
     "You are agentctx, an assistant that answers questions about a code repository. "
     "The repository's files are given with line numbers. Answer from them, briefly, "
     "and cite files as path:line."
 )
-ANSWER_RESERVE = 512  # tokens kept free for the answer
+FOLLOW_UP_RESERVE = 1024  # tokens a new session leaves free for later turns
 
 
 @dataclass(slots=True)
-class AskResult:
+class TurnResult:
     answer: str
     finish_reason: str
-    packed: PackedContext
-    stats: object
+    usage: dict
+    packed: PackedContext | None = None
 
 
-def build_messages(packed: PackedContext, question: str) -> list[dict]:
+def first_messages(packed: PackedContext, question: str) -> list[dict]:
     user = f"Repository files:\n\n{packed.text}\n\nQuestion: {question}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -32,48 +35,58 @@ def build_messages(packed: PackedContext, question: str) -> list[dict]:
 def pack_for(
     engine, root: str, question: str, max_tokens: int, context_tokens: int | None
 ) -> PackedContext:
-    empty = build_messages(PackedContext("", [], [], 0, None), question)
+    from engine import ContextTooLongError
+
+    empty = first_messages(PackedContext("", [], [], 0, None), question)
     overhead = len(engine.chat_tokens(empty)) + 16
     if overhead >= engine.max_model_len:
-        from engine import ContextTooLongError
-
         raise ContextTooLongError(overhead, engine.max_model_len, what="the question")
-    budget = engine.max_model_len - overhead - max_tokens
+    budget = engine.max_model_len - overhead - max_tokens - FOLLOW_UP_RESERVE
     if context_tokens:
         budget = min(budget, context_tokens)
     return pack_repository(root, question, engine.count_tokens, max(budget, 0))
 
 
-def ask(
-    engine, root: str, question: str, params, context_tokens: int | None = None, out=None
-) -> AskResult:
-    out = out or sys.stdout
-    progress = Progress()
-    packed = pack_for(engine, root, question, params.max_tokens, context_tokens)
-    progress.line(summary_line(packed))
-    stream = engine.chat_stream(build_messages(packed, question), params)
+def run_turn(engine, messages: list[dict], params, output) -> TurnResult:
+    """Stream one answer to `output`. Ctrl-C cancels generation; the partial answer is kept
+    and KeyboardInterrupt is raised again with it attached (`.partial`)."""
+    from engine import ContextTooLongError
+
+    ids = engine.chat_tokens(messages)
+    if len(ids) >= engine.max_model_len:
+        raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
+    stream = engine.stream(ids, params)
     stats, reason = None, "cancelled"
     try:
         for event in stream:
             if event.kind == "prefill":
-                progress.prefill(event.prefilled, event.prompt_tokens)
-                if event.prefilled >= event.prompt_tokens:
-                    progress.end_prefill()
+                output.prefill(event.prefilled, event.prompt_tokens)
             elif event.kind == "token" and event.text:
-                out.write(event.text)
-                out.flush()
+                output.text(event.text)
             elif event.kind == "done":
                 stats, reason = event.stats, event.finish_reason or ""
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         stream.cancel()
-        out.write("\n")
+        e.partial = TurnResult(stream.text, "interrupted", usage_of(None, len(ids)))
         raise
-    out.write("\n")
-    out.flush()
-    if stats is not None:
-        progress.line(
-            f"{stats.prompt_tokens} tokens in context ({stats.cached_tokens} reused), "
-            f"time to first token {stats.ttft_s:.2f} s ({stats.prefill_tok_s:,.0f} tok/s prefill), "
-            f"{stats.completion_tokens} tokens at {stats.decode_tok_s:.1f} tok/s"
-        )
-    return AskResult(stream.text, reason, packed, stats)
+    result = TurnResult(stream.text, reason, usage_of(stats, len(ids)))
+    return result
+
+
+def usage_of(stats, prompt_tokens: int) -> dict:
+    if stats is None:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": None}
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "ttft_s": round(stats.ttft_s, 4),
+        "prefill_tok_s": round(stats.prefill_tok_s, 1),
+        "decode_tok_s": round(stats.decode_tok_s, 2),
+    }
+
+
+def new_session_messages(engine, root: str, question: str, params, context_tokens, output):
+    packed = pack_for(engine, root, question, params.max_tokens, context_tokens)
+    output.info(summary_line(packed))
+    return first_messages(packed, question), packed

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
+from click_default_group import DefaultGroup
 
 
 class UserError(click.ClickException):
@@ -15,21 +17,60 @@ class UserError(click.ClickException):
         click.echo(f"agentctx: error: {self.message}", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _store():
+    from sessions.errors import StoreError
+    from sessions.store import SessionStore
+
+    try:
+        return SessionStore()
+    except StoreError as e:
+        raise UserError(str(e)) from None
+
+
+def _errors():
+    """The exception types that end a command with one line (imported lazily: startup speed)."""
+    from engine import EngineError
+    from sessions.errors import StoreError
+    from tools.errors import ToolError
+
+    return (EngineError, ToolError, StoreError)
+
+
+@click.group(
+    cls=DefaultGroup,
+    default="ask",
+    default_if_no_args=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="agentctx")
 def cli() -> None:
-    """agentctx: ask questions about a whole repository with a local model."""
+    """agentctx: ask questions about a whole repository with a local model.
+
+    `agentctx "question"` is short for `agentctx ask "question"`."""
 
 
 @cli.command()
 @click.argument("question")
-@click.option("--repo", "repo", default=".", show_default=True, help="Repository to read.")
+@click.option(
+    "--repo", "repo", default=None, help="Repository to read (default: the current directory)."
+)
+@click.option(
+    "--session",
+    "session_ref",
+    default=None,
+    help="Continue this session, or start one with this name.",
+)
+@click.option("-c", "--continue", "cont", is_flag=True, help="Continue the most recent session.")
 @click.option(
     "--model",
     "model",
     default=None,
     help="A .gguf file, a checkpoint directory or a cached repo id.",
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON lines on stdout: progress, tokens, usage."
+)
+@click.option("--no-save", is_flag=True, help="Do not store this turn.")
 @click.option(
     "--max-tokens", default=400, show_default=True, type=click.IntRange(1), help="Longest answer."
 )
@@ -50,21 +91,270 @@ def cli() -> None:
     show_default=True,
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
-def ask(question, repo, model, max_tokens, temperature, context_tokens, device, weights) -> None:
-    """Answer QUESTION about the repository at --repo."""
-    from agentctx.ask import ask as run_ask
-    from engine import Engine, EngineError, SamplingParams
-    from tools.errors import ToolError
+def ask(question, repo, session_ref, cont, model, as_json, no_save, max_tokens, temperature,
+        context_tokens, device, weights) -> None:  # fmt: skip
+    """Answer QUESTION about a repository; the turn is stored as a session."""
+    from agentctx.ask import new_session_messages, run_turn
+    from agentctx.output import JsonOutput, TextOutput
+    from engine import Engine, SamplingParams
     from tools.repo_files import resolve_root
 
+    if cont and session_ref:
+        raise click.UsageError("use either --session or -c/--continue, not both")
+    output = JsonOutput() if as_json else TextOutput()
     try:
-        root = resolve_root(repo)
-        click.echo("loading model...", err=True)
+        store = None if no_save and not (cont or session_ref) else _store()
+        session = _find_session(store, session_ref, cont)
+        if session is not None and repo is not None:
+            raise UserError(f"session {session.id} reads {session.root}; --repo cannot change it")
+        root = session.root if session is not None else str(resolve_root(repo or "."))
+        model = model or (
+            session.model if session is not None and session.model != "default" else None
+        )
+        if not as_json:
+            output.info("loading model...")
         engine = Engine.load(model, device=device, weights=weights)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-        run_ask(engine, str(root), question, params, context_tokens)
-    except (EngineError, ToolError) as e:
+        packed = None
+        if session is not None:
+            history = [
+                {"role": m.role, "content": m.content}
+                for m in store.messages(session.id)
+                if m.content
+            ]
+            messages = history + [{"role": "user", "content": question}]
+        else:
+            messages, packed = new_session_messages(
+                engine, root, question, params, context_tokens, output
+            )
+        try:
+            result = run_turn(engine, messages, params, output)
+        except KeyboardInterrupt as e:
+            partial = getattr(e, "partial", None)
+            if store is not None and not no_save and partial is not None:
+                _save_turn(
+                    store,
+                    session,
+                    session_ref,
+                    root,
+                    model,
+                    messages,
+                    packed,
+                    partial,
+                    "interrupted",
+                )
+            raise
+        if store is not None and not no_save:
+            session = _save_turn(
+                store, session, session_ref, root, model, messages, packed, result, "complete"
+            )
+            result.usage["session"] = session.id
+        output.end(result.usage)
+    except _errors() as e:
         raise UserError(str(e)) from None
+
+
+def _find_session(store, ref: str | None, cont: bool):
+    from sessions.errors import SessionNotFound
+
+    if cont:
+        session = store.latest()
+        if session is None:
+            raise UserError("there is no session to continue; ask without -c to start one")
+        return session
+    if ref is None:
+        return None
+    try:
+        return store.get(ref)
+    except SessionNotFound:
+        if ref.startswith("s-"):
+            raise
+        return None  # a new session will take this name
+
+
+def _save_turn(store, session, name, root, model, messages, packed, result, status):
+    """Store what this turn added: for a new session its system and user messages and the
+    packing manifest, for a follow-up the new question; then the answer."""
+    with store.transaction():
+        if session is None:
+            session = store.create(root, "repo", model or "default", name=name)
+            for m in messages:
+                store.add_message(session.id, m["role"], m["content"])
+            if packed is not None:
+                store.add_manifest(
+                    session.id,
+                    [{"path": f.path, "tokens": f.tokens} for f in packed.files],
+                    [
+                        {"path": f.path, "tokens": f.tokens, "reason": f.reason}
+                        for f in packed.omitted
+                    ],
+                    tokens=packed.tokens,
+                    commit_sha=packed.commit,
+                )
+        else:
+            store.add_message(session.id, "user", messages[-1]["content"])
+        store.add_message(
+            session.id,
+            "assistant",
+            result.answer,
+            tokens=result.usage.get("completion_tokens"),
+            status=status,
+            timings=result.usage,
+        )
+    return store.get(session.id)
+
+
+# -- sessions -----------------------------------------------------------------------------
+
+
+@cli.group()
+def sessions() -> None:
+    """List, show, rename, delete, export and import stored sessions."""
+
+
+def _session_dict(s) -> dict:
+    return {
+        "id": s.id, "name": s.name, "root": s.root, "root_kind": s.root_kind, "model": s.model,
+        "created": s.created, "updated": s.updated, "messages": s.message_count,
+    }  # fmt: skip
+
+
+def _run(fn):
+    try:
+        return fn()
+    except _errors() as e:
+        raise UserError(str(e)) from None
+
+
+@sessions.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("-n", "--limit", type=click.IntRange(1), default=None)
+def sessions_list(as_json: bool, limit: int | None) -> None:
+    """Sessions, most recent first."""
+    rows = _run(lambda: _store().list(limit=limit))
+    if as_json:
+        click.echo(json.dumps([_session_dict(s) for s in rows], indent=2))
+        return
+    for s in rows:
+        label = f" ({s.name})" if s.name else ""
+        click.echo(f"{s.id}{label}  {s.updated[:19]}  {s.message_count:3d} messages  {s.root}")
+
+
+@sessions.command("show")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+def sessions_show(ref: str, as_json: bool) -> None:
+    """One session and its messages."""
+
+    def show():
+        store = _store()
+        s = store.get(ref)
+        return s, store.messages(s.id)
+
+    s, msgs = _run(show)
+    if as_json:
+        data = _session_dict(s)
+        data["messages"] = [
+            {
+                "seq": m.seq,
+                "role": m.role,
+                "content": m.content,
+                "status": m.status,
+                "timings": m.timings,
+            }
+            for m in msgs
+        ]
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    click.echo(
+        f"session {s.id}{f' ({s.name})' if s.name else ''}: {s.root_kind} {s.root}, model {s.model}"
+    )
+    for m in msgs:
+        body = (
+            m.content
+            if len(m.content) < 2000
+            else m.content[:2000] + f"\n... ({len(m.content):,} characters)"
+        )
+        flag = f" [{m.status}]" if m.status != "complete" else ""
+        click.echo(f"\n--- {m.seq}. {m.role}{flag}\n{body}")
+
+
+@sessions.command("rename")
+@click.argument("ref")
+@click.argument("name")
+def sessions_rename(ref: str, name: str) -> None:
+    """Give a session a name."""
+    s = _run(lambda: _store().rename(ref, name))
+    click.echo(f"renamed {s.id} to {s.name}")
+
+
+@sessions.command("rm")
+@click.argument("ref")
+def sessions_rm(ref: str) -> None:
+    """Delete a session and everything stored with it."""
+    s = _run(lambda: _store().delete(ref))
+    click.echo(f"deleted {s.id}")
+
+
+@sessions.command("export")
+@click.argument("ref")
+@click.option("-o", "--output", "path", type=click.Path(dir_okay=False), default=None)
+def sessions_export(ref: str, path: str | None) -> None:
+    """Write a session as a JSON Lines file (stdout without -o)."""
+    from sessions.session_file import export_session
+
+    if path is None:
+        _run(lambda: export_session(_store(), ref, sys.stdout))
+        return
+    import os
+    import tempfile
+
+    def export():
+        store = _store()
+        store.get(ref)  # fail before creating any file
+        d = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".agentctx-export-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fp:
+                export_session(store, ref, fp)
+            os.replace(tmp, path)  # never a half-written file at `path`
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    _run(export)
+    click.echo(f"exported {ref} to {path}", err=True)
+
+
+@sessions.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+def sessions_import(path: str) -> None:
+    """Add a session from a file written by `sessions export`."""
+    from sessions.session_file import import_session
+
+    def do_import():
+        with open(path, encoding="utf-8") as fp:
+            return import_session(_store(), fp)
+
+    s = _run(do_import)
+    click.echo(f"imported {s.id}")
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def models(as_json: bool) -> None:
+    """The default model and the local models agentctx can find."""
+    from agentctx.models import find_models
+
+    found = _run(find_models)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    for m in found:
+        click.echo(f"{m['name']:45s} {m['kind']:10s} {m['path']}")
 
 
 def main() -> None:

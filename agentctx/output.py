@@ -1,0 +1,60 @@
+"""Where a turn's events go: plain text (answer on stdout, progress on stderr) or JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from agentctx.progress import Progress
+
+
+class TextOutput:
+    def __init__(self, out=None, err=None):
+        self.out = out or sys.stdout
+        self.progress = Progress(err)
+
+    def info(self, line: str) -> None:
+        self.progress.line(line)
+
+    def prefill(self, done: int, total: int) -> None:
+        self.progress.prefill(done, total)
+        if done >= total:
+            self.progress.end_prefill()
+
+    def text(self, delta: str) -> None:
+        self.out.write(delta)
+        self.out.flush()
+
+    def end(self, usage: dict) -> None:
+        self.out.write("\n")
+        self.out.flush()
+        if usage.get("prompt_tokens") is not None:
+            self.progress.line(
+                f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "
+                f"time to first token {usage['ttft_s']:.2f} s ({usage['prefill_tok_s']:,.0f} tok/s prefill), "
+                f"{usage['completion_tokens']} tokens at {usage['decode_tok_s']:.1f} tok/s"
+                + (f"; session {usage['session']}" if usage.get("session") else "")
+            )
+
+
+class JsonOutput:
+    """One JSON object per line on stdout: info, prefill, token, then a final usage record."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+
+    def _emit(self, obj: dict) -> None:
+        self.out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+    def info(self, line: str) -> None:
+        self._emit({"type": "info", "message": line})
+
+    def prefill(self, done: int, total: int) -> None:
+        self._emit({"type": "prefill", "prefilled": done, "total": total})
+
+    def text(self, delta: str) -> None:
+        self._emit({"type": "token", "text": delta})
+
+    def end(self, usage: dict) -> None:
+        self._emit({"type": "usage", **usage})

@@ -1,0 +1,171 @@
+"""`agentctx ask` with sessions, and `agentctx sessions ...`: real subprocesses, a real
+SQLite store under a private AGENTCTX_HOME, real git repositories, the real default model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import git
+import pytest
+
+from sessions.store import SessionStore
+from tests.app.test_cli import agentctx, assert_one_line_error
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh AGENTCTX_HOME for this test, sharing the session's GGUF cache."""
+    shared_cache = os.path.join(os.environ["AGENTCTX_HOME"], "cache")
+    home = tmp_path / "home"
+    home.mkdir()
+    os.makedirs(shared_cache, exist_ok=True)
+    (home / "cache").symlink_to(shared_cache)
+    monkeypatch.setenv("AGENTCTX_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "greeter"
+    root.mkdir()
+    r = git.Repo.init(root)
+    (root / "README.md").write_text("# greeter\n\nPrints a friendly greeting.\n")
+    (root / "greet.py").write_text('def greet(name):\n    return f"Hello, {name}!"\n')
+    r.index.add(["README.md", "greet.py"])
+    r.index.commit("initial")
+    return root
+
+
+def stored_session(home):
+    store = SessionStore(home / "sessions.db")
+    session = store.latest()
+    return store, session
+
+
+def make_session(home, name="demo"):
+    store = SessionStore(home / "sessions.db")
+    s = store.create("/tmp/x", "repo", "default", name=name)
+    store.add_message(s.id, "user", "What is this?")
+    store.add_message(s.id, "assistant", "A demo — with unicode ✓.")
+    store.add_manifest(
+        s.id,
+        [{"path": "a.py", "tokens": 12}],
+        [{"path": "big.bin", "tokens": None, "reason": "binary"}],
+    )
+    return s
+
+
+def test_sessions_list_show_rename_rm(home):
+    s = make_session(home)
+    listed = json.loads(agentctx("sessions", "list", "--json").stdout)
+    assert [x["id"] for x in listed] == [s.id] and listed[0]["messages"] == 2
+    shown = json.loads(agentctx("sessions", "show", "demo", "--json").stdout)
+    assert [m["role"] for m in shown["messages"]] == ["user", "assistant"]
+    assert "A demo" in agentctx("sessions", "show", s.id).stdout
+    assert agentctx("sessions", "rename", s.id, "renamed").returncode == 0
+    assert json.loads(agentctx("sessions", "list", "--json").stdout)[0]["name"] == "renamed"
+    assert agentctx("sessions", "rm", "renamed").returncode == 0
+    assert json.loads(agentctx("sessions", "list", "--json").stdout) == []
+
+
+def test_export_import_round_trip(home, tmp_path):
+    s = make_session(home)
+    exported = agentctx("sessions", "export", s.id).stdout
+    path = tmp_path / "demo.jsonl"
+    assert agentctx("sessions", "export", s.id, "-o", str(path)).returncode == 0
+    assert (
+        path.read_text().splitlines()[1:] == exported.splitlines()[1:]
+    )  # line 0 has the export time
+    assert agentctx("sessions", "rm", s.id).returncode == 0
+    assert agentctx("sessions", "import", str(path)).returncode == 0
+    again = agentctx("sessions", "export", s.id).stdout
+    assert again.splitlines()[1:] == exported.splitlines()[1:]
+
+
+def test_unknown_session_name(home):
+    make_session(home)
+    assert_one_line_error(agentctx("sessions", "show", "nope"), "nope")
+    assert_one_line_error(agentctx("sessions", "rm", "nope"), "nope")
+
+
+def test_bad_session_files_leave_the_store_intact(home, tmp_path):
+    s = make_session(home)
+    good = agentctx("sessions", "export", s.id).stdout.splitlines()
+    bad_version = tmp_path / "v.jsonl"
+    bad_version.write_text(
+        "\n".join([json.dumps({**json.loads(good[0]), "version": 99}), *good[1:]]) + "\n"
+    )
+    bad_json = tmp_path / "j.jsonl"
+    bad_json.write_text(good[0] + "\n{not json\n")
+    before = agentctx("sessions", "list", "--json").stdout
+    assert_one_line_error(agentctx("sessions", "import", str(bad_version)), "version")
+    assert_one_line_error(agentctx("sessions", "import", str(bad_json)), "line 2")
+    assert agentctx("sessions", "list", "--json").stdout == before
+
+
+def test_corrupted_database_is_reported_and_left_alone(home):
+    db = home / "sessions.db"
+    db.write_bytes(b"this is not a database" * 100)
+    before = db.read_bytes()
+    assert_one_line_error(agentctx("sessions", "list"), "sessions.db")
+    assert db.read_bytes() == before
+
+
+def test_continue_without_sessions(home, repo):
+    assert_one_line_error(agentctx("ask", "-c", "more?"), "no session to continue")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_ask_then_continue_in_one_session(home, repo):
+    first = agentctx("ask", "What does greet() return?", "--repo", str(repo), "--max-tokens", "24")
+    assert first.returncode == 0, first.stderr
+    follow = agentctx(
+        "ask", "-c", "--json", "And what is the project called?", "--max-tokens", "16"
+    )
+    assert follow.returncode == 0, follow.stderr
+    events = [json.loads(line) for line in follow.stdout.splitlines()]
+    assert events[-1]["type"] == "usage" and events[-1]["completion_tokens"] >= 1
+    store, session = stored_session(home)
+    assert len(store.list()) == 1
+    msgs = store.messages(session.id)
+    assert [m.role for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert "greet.py" in msgs[1].content and msgs[3].content == "And what is the project called?"
+    assert msgs[2].content.strip() and all(m.status == "complete" for m in msgs)
+    # the second prompt held the whole first turn: it is longer than the first by that turn
+    assert events[-1]["prompt_tokens"] > msgs[2].tokens
+    assert events[-1]["session"] == session.id
+    assert len(store.manifests(session.id)) == 1
+    # --no-save stores nothing
+    assert (
+        agentctx("ask", "--no-save", "Hi?", "--repo", str(repo), "--max-tokens", "4").returncode
+        == 0
+    )
+    assert len(store.list()) == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_partial_answer(home, repo):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentctx", "ask", "Write a long story about greetings.", "--repo", str(repo),
+         "--max-tokens", "400"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # wait for the answer to start streaming, then interrupt
+    first = proc.stdout.read(20)
+    assert first
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    store, session = stored_session(home)
+    answer = store.messages(session.id)[-1]
+    assert answer.role == "assistant" and answer.status == "interrupted"
+    assert answer.content.strip()
