@@ -16,6 +16,11 @@ SYSTEM_PROMPT = (
     "The repository's files are given with line numbers. Answer from them, briefly, "
     "and cite files as path:line."
 )
+BOOK_SYSTEM_PROMPT = (
+    "You are agentctx, an assistant that answers questions about a book. Chapters of the "
+    "book are given with their line numbers. Answer from them, briefly, and cite lines as "
+    "'line N' or chapters by title."
+)
 FOLLOW_UP_RESERVE = 1024  # tokens a new session leaves free for later turns
 
 
@@ -27,23 +32,28 @@ class TurnResult:
     packed: PackedContext | None = None
 
 
-def first_messages(packed: PackedContext, question: str) -> list[dict]:
-    user = f"Repository files:\n\n{packed.text}\n\nQuestion: {question}"
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+def first_messages(packed: PackedContext, question: str, kind: str = "repo") -> list[dict]:
+    book = kind == "book"
+    label = "Book chapters" if book else "Repository files"
+    user = f"{label}:\n\n{packed.text}\n\nQuestion: {question}"
+    system = BOOK_SYSTEM_PROMPT if book else SYSTEM_PROMPT
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def pack_for(
-    engine, root: str, question: str, max_tokens: int, context_tokens: int | None
-) -> PackedContext:
+def pack_for(engine, root, question, max_tokens, context_tokens, kind="repo") -> PackedContext:
     from engine import ContextTooLongError
 
-    empty = first_messages(PackedContext("", [], [], 0, None), question)
+    empty = first_messages(PackedContext("", [], [], 0, None), question, kind)
     overhead = len(engine.chat_tokens(empty)) + 16
     if overhead >= engine.max_model_len:
         raise ContextTooLongError(overhead, engine.max_model_len, what="the question")
     budget = engine.max_model_len - overhead - max_tokens - FOLLOW_UP_RESERVE
     if context_tokens:
         budget = min(budget, context_tokens)
+    if kind == "book":
+        from agentctx.book_packing import pack_book
+
+        return pack_book(root, question, engine.count_tokens, max(budget, 0))
     return pack_repository(root, question, engine.count_tokens, max(budget, 0))
 
 
@@ -86,7 +96,9 @@ def usage_of(stats, prompt_tokens: int) -> dict:
     }
 
 
-def new_session_messages(engine, root: str, question: str, params, context_tokens, output):
-    packed = pack_for(engine, root, question, params.max_tokens, context_tokens)
-    output.info(summary_line(packed))
-    return first_messages(packed, question), packed
+def new_session_messages(
+    engine, root: str, question: str, params, context_tokens, output, kind: str = "repo"
+):
+    packed = pack_for(engine, root, question, params.max_tokens, context_tokens, kind)
+    output.info(summary_line(packed, "chapter" if kind == "book" else "file"))
+    return first_messages(packed, question, kind), packed

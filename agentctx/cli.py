@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -55,6 +56,9 @@ def cli() -> None:
     "--repo", "repo", default=None, help="Repository to read (default: the current directory)."
 )
 @click.option(
+    "--book", "book", default=None, help="A book (plain text or markdown) to read instead."
+)
+@click.option(
     "--session",
     "session_ref",
     default=None,
@@ -91,7 +95,7 @@ def cli() -> None:
     show_default=True,
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
-def ask(question, repo, session_ref, cont, model, as_json, no_save, max_tokens, temperature,
+def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature,
         context_tokens, device, weights) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
     from agentctx.ask import new_session_messages, run_turn
@@ -101,13 +105,25 @@ def ask(question, repo, session_ref, cont, model, as_json, no_save, max_tokens, 
 
     if cont and session_ref:
         raise click.UsageError("use either --session or -c/--continue, not both")
+    if repo and book:
+        raise click.UsageError("use either --repo or --book, not both")
     output = JsonOutput() if as_json else TextOutput()
     try:
         store = None if no_save and not (cont or session_ref) else _store()
         session = _find_session(store, session_ref, cont)
-        if session is not None and repo is not None:
-            raise UserError(f"session {session.id} reads {session.root}; --repo cannot change it")
-        root = session.root if session is not None else str(resolve_root(repo or "."))
+        if session is not None and (repo or book):
+            raise UserError(
+                f"session {session.id} reads {session.root}; --repo/--book cannot change it"
+            )
+        if session is not None:
+            root, kind = session.root, session.root_kind
+        elif book:
+            from tools.book import book_lines
+
+            book_lines(book)  # a missing, binary or empty book fails here, before the model loads
+            root, kind = os.path.realpath(book), "book"
+        else:
+            root, kind = str(resolve_root(repo or ".")), "repo"
         model = model or (
             session.model if session is not None and session.model != "default" else None
         )
@@ -125,29 +141,18 @@ def ask(question, repo, session_ref, cont, model, as_json, no_save, max_tokens, 
             messages = history + [{"role": "user", "content": question}]
         else:
             messages, packed = new_session_messages(
-                engine, root, question, params, context_tokens, output
+                engine, root, question, params, context_tokens, output, kind
             )
+        turn = (store, session, session_ref, root, kind, model, messages, packed)
         try:
             result = run_turn(engine, messages, params, output)
         except KeyboardInterrupt as e:
             partial = getattr(e, "partial", None)
             if store is not None and not no_save and partial is not None:
-                _save_turn(
-                    store,
-                    session,
-                    session_ref,
-                    root,
-                    model,
-                    messages,
-                    packed,
-                    partial,
-                    "interrupted",
-                )
+                _save_turn(*turn, partial, "interrupted")
             raise
         if store is not None and not no_save:
-            session = _save_turn(
-                store, session, session_ref, root, model, messages, packed, result, "complete"
-            )
+            session = _save_turn(*turn, result, "complete")
             result.usage["session"] = session.id
         output.end(result.usage)
     except _errors() as e:
@@ -172,12 +177,12 @@ def _find_session(store, ref: str | None, cont: bool):
         return None  # a new session will take this name
 
 
-def _save_turn(store, session, name, root, model, messages, packed, result, status):
+def _save_turn(store, session, name, root, kind, model, messages, packed, result, status):
     """Store what this turn added: for a new session its system and user messages and the
     packing manifest, for a follow-up the new question; then the answer."""
     with store.transaction():
         if session is None:
-            session = store.create(root, "repo", model or "default", name=name)
+            session = store.create(root, kind, model or "default", name=name)
             for m in messages:
                 store.add_message(session.id, m["role"], m["content"])
             if packed is not None:

@@ -172,16 +172,21 @@ def pack_repository(
     return PackedContext(text, files, omitted, tokens, head_commit(base))
 
 
-def summary_line(packed: PackedContext) -> str:
+def summary_line(packed: PackedContext, noun: str = "file") -> str:
     """E.g. "packed 12 files (3,456 tokens); left out 4 files (9,876 tokens)"."""
     truncated = sum(1 for item in packed.omitted if item.reason == REASON_TRUNCATED)
     left_out = len(packed.omitted) - truncated
-    line = f"packed {_count(len(packed.files), 'file')} ({packed.tokens:,} tokens"
+    line = f"packed {_count(len(packed.files), noun)} ({packed.tokens:,} tokens"
     line += f", {truncated} truncated)" if truncated else ")"
     if left_out:
         # tokens left out include the cut tails of truncated files
-        line += f"; left out {_count(left_out, 'file')} ({packed.tokens_omitted:,} tokens)"
+        line += f"; left out {_count(left_out, noun)} ({packed.tokens_omitted:,} tokens)"
     return line
+
+
+def relevance(texts: dict[str, str], question: str) -> dict[str, float]:
+    """BM25 score of each text for the question (0 when nothing matches)."""
+    return _bm25_scores(texts, question)
 
 
 def render_file(path: str, lines: list[str], shown: int | None = None) -> str:

@@ -107,6 +107,11 @@ def search_book(
     return "\n".join(out)
 
 
+def book_lines(book_path: str | os.PathLike[str]) -> list[str]:
+    """The book's lines (validated: exists, one text file, not empty)."""
+    return _lines(book_path)
+
+
 def _lines(book_path: str | os.PathLike[str]) -> list[str]:
     path = Path(book_path).expanduser()
     if not path.exists():

@@ -169,3 +169,24 @@ def test_ctrl_c_keeps_the_partial_answer(home, repo):
     answer = store.messages(session.id)[-1]
     assert answer.role == "assistant" and answer.status == "interrupted"
     assert answer.content.strip()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_ask_about_a_book(home, tmp_path):
+    book = tmp_path / "tale.txt"
+    book.write_text(
+        "A Tale\n\nChapter 1\n\nTom had a red boat named Swift.\n\n"
+        "Chapter 2\n\nTom sailed Swift to the island.\n"
+    )
+    proc = agentctx("ask", "What was the boat called?", "--book", str(book), "--max-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "packed 3 chapters" in proc.stderr and proc.stdout.strip()
+    store, session = stored_session(home)
+    assert session.root_kind == "book" and session.root == str(book.resolve())
+    assert "Swift" in store.messages(session.id)[1].content
+
+
+def test_repo_and_book_together_is_a_usage_error(home, repo, tmp_path):
+    proc = agentctx("ask", "q", "--repo", str(repo), "--book", str(tmp_path / "b.txt"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
