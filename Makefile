@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 Q      ?= What does this repository do?
 REPO   ?= .
-PYDIRS := agentctx engine kernels tools sessions bench tests
+PYDIRS := agentctx engine kernels tools sessions bench tests scripts
 
 .PHONY: setup ask test test-fast lint bench bench-cpu clean
 

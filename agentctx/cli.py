@@ -41,13 +41,35 @@ def _errors():
     cls=DefaultGroup,
     default="ask",
     default_if_no_args=False,
+    invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(package_name="agentctx")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """agentctx: ask questions about a whole repository with a local model.
 
-    `agentctx "question"` is short for `agentctx ask "question"`."""
+    `agentctx` alone opens the TUI on the current directory; `agentctx "question"` is short
+    for `agentctx ask "question"`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(tui)
+
+
+@cli.command()
+@click.option("--repo", "repo", default=".", show_default=True, help="Repository to read.")
+@click.option(
+    "--model",
+    "model",
+    default=None,
+    help="A .gguf file, a checkpoint directory or a cached repo id.",
+)
+def tui(repo: str, model: str | None) -> None:
+    """Open the chat TUI."""
+    from agentctx.tui import run_tui
+    from tools.repo_files import resolve_root
+
+    root = _run(lambda: str(resolve_root(repo)))
+    run_tui(repo=root, model=model)
 
 
 @cli.command()

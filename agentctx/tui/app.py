@@ -1,0 +1,361 @@
+"""The agentctx TUI: chat about a repository, with answers streaming from the local model.
+
+The App owns the shared state (engine, current session, repository) and the one storage
+object; screens ask it to act. Generation runs in a worker thread that reports back through
+messages posted to the chat screen; the store is only touched on the main thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from textual import work
+from textual.app import App
+
+from agentctx.ask import TurnResult, usage_of
+from agentctx.tui.screens import (
+    AnswerUpdate,
+    ChatScreen,
+    LogMessage,
+    PrefillUpdate,
+    SessionsScreen,
+    TurnFinished,
+)
+from agentctx.tui.state import SessionService
+
+UPDATE_EVERY_S = 0.05  # at most 20 re-renders of a streaming answer per second
+
+HELP = """\
+**Commands**
+
+- `/new`: start a new session
+- `/sessions`: list sessions (Enter resume, r rename, d delete)
+- `/repo PATH`: the repository for the next new session
+- `/book FILE`: read a book (not supported yet)
+- `/export`: write this session to a .jsonl file in the current directory
+- `/model NAME`: load another model
+- `/context`: what this session's context holds
+- `/help`: this list
+
+Esc cancels an answer; the partial answer is kept."""
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    from engine import EngineError
+    from sessions.errors import StoreError
+    from tools.errors import ToolError
+
+    return (EngineError, ToolError, StoreError)
+
+
+class _Report:
+    """The `output` that packing writes its summary line to."""
+
+    def __init__(self, post: Callable[[Any], None]) -> None:
+        self.post = post
+
+    def info(self, line: str) -> None:
+        self.post(LogMessage(line))
+
+
+class AgentApp(App):
+    TITLE = "agentctx"
+    CSS = """
+    #meter { dock: top; height: 1; background: $panel; color: $text-muted; padding: 0 1; }
+    #log { height: 1fr; padding: 0 1; }
+    #prompt { dock: bottom; }
+    .user { margin: 1 0 0 0; color: $accent; text-style: bold; }
+    .assistant { margin: 0; padding: 0; }
+    .assistant.interrupted { border-left: thick $warning; }
+    .info { color: $text-muted; }
+    .error { color: $error; }
+    #title { padding: 0 1; height: 1; background: $panel; width: 1fr; }
+    #sessions { height: 1fr; }
+    RenameScreen { align: center middle; }
+    #dialog { width: 60; height: auto; border: round $accent; padding: 1 2; background: $surface; }
+    """
+
+    def __init__(
+        self,
+        repo: str | None = None,
+        model: str | None = None,
+        engine_factory: Callable[[str | None], Any] | None = None,
+        store=None,
+        params=None,
+    ) -> None:
+        super().__init__()
+        from engine import SamplingParams
+
+        self.repo = repo  # the repository of the next new session (None: the current directory)
+        self.model = model
+        self.engine_factory = engine_factory or _load_engine
+        self.engine = None  # loaded by the first turn
+        if store is None:
+            from sessions.store import SessionStore
+
+            store = SessionStore()
+        self.sessions = SessionService(store)
+        self.params = params or SamplingParams(max_tokens=400)
+        self.session = None  # the current stored session; None: the next question starts one
+        self.busy = False
+        self.streaming = False  # the answer's first token has arrived
+        self._stream = None
+        self._cancel = False
+
+    @property
+    def window(self) -> int | None:
+        return self.engine.max_model_len if self.engine is not None else None
+
+    @property
+    def chat(self) -> ChatScreen:
+        return self._chat
+
+    def on_mount(self) -> None:
+        self._chat = ChatScreen()
+        self.push_screen(self._chat)
+        self.call_after_refresh(self._update_label)
+
+    def _update_label(self) -> None:
+        from pathlib import Path
+
+        where = self.session.root if self.session is not None else (self.repo or ".")
+        name = Path(where).name or where
+        sid = self.session.id if self.session is not None else "new session"
+        self.chat.meter.set_label(f"{name} · {sid}")
+
+    # -- asking ---------------------------------------------------------------------------
+
+    def ask(self, question: str) -> None:
+        if self.busy:
+            self.chat.add_line("an answer is running: wait, or press Esc to cancel", "error")
+            return
+        history = None
+        if self.session is not None:
+            history = self.sessions.history(self.session.id)  # store: main thread
+        self.chat.add_user(question)
+        self.busy, self.streaming, self._cancel = True, False, False
+        self._turn(question, history, self.session)
+
+    @work(thread=True, exclusive=True, group="turn")
+    def _turn(self, question: str, history: list[dict] | None, session) -> None:
+        post = self.chat.post_message
+        try:
+            engine = self._engine(post)
+            root, packed = session.root if session is not None else None, None
+            if history is not None:
+                messages = history + [{"role": "user", "content": question}]
+            else:
+                from agentctx.ask import new_session_messages
+                from tools.repo_files import resolve_root
+
+                root = str(resolve_root(self.repo or "."))
+                messages, packed = new_session_messages(
+                    engine, root, question, self.params, None, _Report(post)
+                )
+            result, status = self._generate(engine, messages, post)
+        except _errors() as e:
+            post(LogMessage(str(e), "error"))
+            post(TurnFinished(None, None, "error"))
+            self._ui(self._idle)
+            return
+        except Exception as e:  # a bug: keep the UI alive and say what happened
+            post(LogMessage(f"{type(e).__name__}: {e}", "error"))
+            post(TurnFinished(None, None, "error"))
+            self._ui(self._idle)
+            return
+        saved = self._ui(self._save, session, root, messages, packed, result, status)
+        post(TurnFinished(result.usage, engine.max_model_len, status))
+        if status == "interrupted":
+            post(LogMessage("interrupted; the partial answer is kept", "info"))
+        if saved is not None:
+            self._ui(self._update_label)
+        self._ui(self._idle)
+
+    def _generate(self, engine, messages: list[dict], post) -> tuple[TurnResult, str]:
+        """Stream one answer (as agentctx.ask.run_turn, with a cancel from the UI)."""
+        from engine import ContextTooLongError
+
+        ids = engine.chat_tokens(messages)
+        if len(ids) >= engine.max_model_len:
+            raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
+        stream = engine.stream(ids, self.params)
+        self._stream = stream
+        if self._cancel:  # Esc came while packing
+            stream.cancel()
+        start, last, stats, reason = time.perf_counter(), 0.0, None, "cancelled"
+        for event in stream:
+            now = time.perf_counter()
+            if event.kind == "prefill":
+                rate = event.prefilled / max(now - start, 1e-6)
+                post(PrefillUpdate(event.prefilled, event.prompt_tokens, rate))
+            elif event.kind == "token" and event.text:
+                self.streaming = True
+                if now - last >= UPDATE_EVERY_S:
+                    post(AnswerUpdate(stream.text))
+                    last = now
+            elif event.kind == "done":
+                stats, reason = event.stats, event.finish_reason or ""
+        self._stream = None
+        post(AnswerUpdate(stream.text))
+        status = "interrupted" if reason == "cancelled" else "complete"
+        return TurnResult(stream.text, reason, usage_of(stats, len(ids))), status
+
+    def _ui(self, fn, *args):
+        """Run fn on the UI thread and return its result; None once the app has closed."""
+        try:
+            return self.call_from_thread(fn, *args)
+        except RuntimeError:  # the app is gone (quit during a turn)
+            return None
+
+    def _engine(self, post):
+        if self.engine is None:
+            post(LogMessage(f"loading model {self.model or '(default)'}..."))
+            self.engine = self.engine_factory(self.model)
+        return self.engine
+
+    def _save(self, session, root, messages, packed, result, status):
+        try:
+            self.session = self.sessions.save_turn(
+                session, root, self.model, messages, packed, result, status
+            )
+            result.usage["session"] = self.session.id
+            return self.session
+        except _errors() as e:
+            self.chat.add_line(f"could not store the turn: {e}", "error")
+            return None
+
+    def _idle(self) -> None:
+        self.busy, self.streaming = False, False
+
+    def cancel_turn(self) -> None:
+        if not self.busy:
+            return
+        self._cancel = True
+        if self._stream is not None:
+            self._stream.cancel()  # safe from this thread
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def resume(self, ref: str) -> None:
+        if self.busy:
+            self.chat.add_line("an answer is running: wait, or press Esc to cancel", "error")
+            return
+        try:
+            self.session = self.sessions.get(ref)
+            self.chat.show_messages(self.sessions.messages(self.session.id))
+        except _errors() as e:
+            self.chat.add_line(str(e), "error")
+        self._update_label()
+
+    def rename_session(self, ref: str, name: str) -> None:
+        try:
+            s = self.sessions.rename(ref, name)
+            if self.session is not None and self.session.id == s.id:
+                self.session = s
+        except _errors() as e:
+            self.notify(str(e), severity="error")
+
+    def delete_session(self, ref: str) -> None:
+        try:
+            s = self.sessions.delete(ref)
+        except _errors() as e:
+            self.notify(str(e), severity="error")
+            return
+        if self.session is not None and self.session.id == s.id:
+            self.new_session()
+
+    def new_session(self) -> None:
+        self.session = None
+        self.chat.clear()
+        self._update_label()
+
+    # -- slash commands -------------------------------------------------------------------
+
+    def run_slash(self, line: str) -> None:
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        command = getattr(self, f"_cmd_{name[1:]}", None) if name[1:].isidentifier() else None
+        if command is None:
+            self.chat.add_line(f"unknown command {name}; /help lists them", "error")
+            return
+        if self.busy and name not in ("/help", "/context"):
+            self.chat.add_line(f"{name}: an answer is running; wait, or press Esc", "error")
+            return
+        command(arg)
+
+    def _cmd_help(self, arg: str) -> None:
+        self.chat.add_line(HELP, markdown=True)
+
+    def _cmd_new(self, arg: str) -> None:
+        self.new_session()
+
+    def _cmd_sessions(self, arg: str) -> None:
+        self.push_screen(SessionsScreen())
+
+    def _cmd_repo(self, arg: str) -> None:
+        from tools.repo_files import resolve_root
+
+        if not arg:
+            self.chat.add_line(f"repository: {self.repo or '.'}; /repo PATH changes it")
+            return
+        try:
+            self.repo = str(resolve_root(arg))
+        except _errors() as e:
+            self.chat.add_line(str(e), "error")
+            return
+        self.chat.add_line(f"new sessions read {self.repo}")
+        if self.session is None:
+            self._update_label()
+
+    def _cmd_book(self, arg: str) -> None:
+        self.chat.add_line("book sessions are not supported yet", "error")
+
+    def _cmd_export(self, arg: str) -> None:
+        if self.session is None:
+            self.chat.add_line("nothing to export: this session has no stored turn yet", "error")
+            return
+        try:
+            path = self.sessions.export(self.session.id)
+        except (OSError, *_errors()) as e:
+            self.chat.add_line(f"export failed: {e}", "error")
+            return
+        self.chat.add_line(f"exported {self.session.id} to {path}")
+
+    def _cmd_model(self, arg: str) -> None:
+        if not arg:
+            self.chat.add_line(f"model: {self.model or '(default)'}; /model NAME changes it")
+            return
+        self.busy = True
+        self._load_model(arg)
+
+    @work(thread=True, exclusive=True, group="turn")
+    def _load_model(self, name: str) -> None:
+        post = self.chat.post_message
+        post(LogMessage(f"loading model {name}..."))
+        try:
+            engine = self.engine_factory(name)
+        except Exception as e:
+            post(LogMessage(f"could not load {name}: {e}", "error"))
+        else:
+            self.engine, self.model = engine, name
+            post(LogMessage(f"model {name} loaded"))
+        self._ui(self._idle)
+
+    def _cmd_context(self, arg: str) -> None:
+        if self.session is None:
+            self.chat.add_line("no context yet: the first question packs the repository")
+            return
+        self.chat.add_line(self.sessions.context_summary(self.session.id), markdown=True)
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    def on_unmount(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+
+
+def _load_engine(model: str | None):
+    from engine import Engine
+
+    return Engine.load(model)

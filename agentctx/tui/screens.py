@@ -1,0 +1,238 @@
+"""Screens: the chat, the session list and the rename dialog. Screens compose widgets and
+react to messages; what they change goes through the App."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Input, Label
+
+from agentctx.tui.state import question_of
+from agentctx.tui.widgets import AssistantMessage, ContextMeter, LogLine, UserMessage
+
+if TYPE_CHECKING:
+    from agentctx.tui.app import AgentApp
+
+
+# -- messages a turn's worker posts to the chat screen (post_message is thread-safe) -------
+
+
+class LogMessage(Message):
+    def __init__(self, text: str, kind: str = "info", markdown: bool = False) -> None:
+        super().__init__()
+        self.text, self.kind, self.markdown = text, kind, markdown
+
+
+class PrefillUpdate(Message):
+    def __init__(self, done: int, total: int, tok_s: float) -> None:
+        super().__init__()
+        self.done, self.total, self.tok_s = done, total, tok_s
+
+
+class AnswerUpdate(Message):
+    """The whole answer so far (throttled by the sender)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class TurnFinished(Message):
+    def __init__(self, usage: dict | None, window: int | None, status: str) -> None:
+        super().__init__()
+        self.usage, self.window, self.status = usage, window, status
+
+
+# -- chat --------------------------------------------------------------------------------
+
+
+class ChatScreen(Screen):
+    app: AgentApp
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel answer", priority=True),
+        Binding("ctrl+s", "sessions", "Sessions"),
+        Binding("ctrl+n", "new", "New session"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: AssistantMessage | None = None  # the one streaming now
+
+    def compose(self) -> ComposeResult:
+        yield ContextMeter(id="meter")
+        yield VerticalScroll(id="log")
+        yield Input(placeholder="Ask about the repository, or /help", id="prompt")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    @property
+    def log_view(self) -> VerticalScroll:
+        return self.query_one("#log", VerticalScroll)
+
+    @property
+    def meter(self) -> ContextMeter:
+        return self.query_one(ContextMeter)
+
+    # what the App asks of the screen
+
+    def clear(self) -> None:
+        self.answer = None
+        self.log_view.remove_children()
+        self.meter.set_usage(None, None)
+
+    def add_user(self, text: str) -> None:
+        self._append(UserMessage(text))
+
+    def add_line(self, text: str, kind: str = "info", markdown: bool = False) -> None:
+        self._append(AssistantMessage(text, kind) if markdown else LogLine(text, kind))
+
+    def show_messages(self, messages: list) -> None:
+        """Put a stored session's messages in the log (the system prompt is not shown)."""
+        self.clear()
+        for m in messages:
+            if m.role == "user":
+                self.add_user(question_of(m.content))
+            elif m.role == "assistant":
+                self._append(AssistantMessage(m.content, m.status))
+        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        if last is not None and last.timings:
+            self.meter.set_usage(last.timings, self.app.window)
+
+    def _append(self, widget) -> None:
+        self.log_view.mount(widget)
+        self.log_view.scroll_end(animate=False)
+
+    # input
+
+    @on(Input.Submitted, "#prompt")
+    def submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        event.input.value = ""
+        if not text:
+            return
+        if text.startswith("/"):
+            self.app.run_slash(text)
+        else:
+            self.app.ask(text)
+
+    def action_cancel(self) -> None:
+        self.app.cancel_turn()
+
+    def action_sessions(self) -> None:
+        self.app.run_slash("/sessions")
+
+    def action_new(self) -> None:
+        self.app.run_slash("/new")
+
+    # what a turn's worker reports
+
+    @on(LogMessage)
+    def logged(self, event: LogMessage) -> None:
+        self.add_line(event.text, event.kind, event.markdown)
+
+    @on(PrefillUpdate)
+    def prefilled(self, event: PrefillUpdate) -> None:
+        self.meter.set_prefill(event.done, event.total, event.tok_s)
+
+    @on(AnswerUpdate)
+    def answered(self, event: AnswerUpdate) -> None:
+        if self.answer is None:
+            self.answer = AssistantMessage()
+            self._append(self.answer)
+        self.answer.set_text(event.text)
+        self.log_view.scroll_end(animate=False)
+
+    @on(TurnFinished)
+    def finished(self, event: TurnFinished) -> None:
+        if event.status == "interrupted" and self.answer is not None:
+            self.answer.add_class("interrupted")
+        self.answer = None
+        if event.usage is not None:
+            self.meter.set_usage(event.usage, event.window)
+        else:
+            self.meter.set_prefill(1, 1, 0.0)  # clear the progress
+
+
+# -- sessions ----------------------------------------------------------------------------
+
+
+class SessionsScreen(Screen):
+    app: AgentApp
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("r", "rename", "Rename"),
+        Binding("d", "delete", "Delete"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Label("Sessions  (Enter resume · r rename · d delete · Esc back)", id="title")
+        yield DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("id", "name", "updated", "messages")
+        self.reload()
+        table.focus()
+
+    def reload(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        for s in self.app.sessions.list():
+            updated = s.updated[:16].replace("T", " ")
+            table.add_row(s.id, s.name or "", updated, str(s.message_count), key=s.id)
+
+    def selected(self) -> str | None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    @on(DataTable.RowSelected)
+    def resume(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self.app.pop_screen()
+            self.app.resume(event.row_key.value)
+
+    def action_rename(self) -> None:
+        ref = self.selected()
+        if ref is None:
+            return
+
+        def done(name: str | None) -> None:
+            if name is not None:
+                self.app.rename_session(ref, name)
+                self.reload()
+
+        self.app.push_screen(RenameScreen(self.app.sessions.get(ref).name or ""), done)
+
+    def action_delete(self) -> None:
+        ref = self.selected()
+        if ref is not None:
+            self.app.delete_session(ref)
+            self.reload()
+
+
+class RenameScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "dismiss", "Cancel")]
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.current = name
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label("New name (Enter to save, Esc to cancel)")
+            yield Input(value=self.current, id="name")
+
+    @on(Input.Submitted, "#name")
+    def submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)

@@ -1,0 +1,86 @@
+"""The one object the TUI stores sessions through (main thread only: the SQLite
+connection belongs to the thread that opened it)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+from sessions.models import Message, Session
+
+
+def question_of(content: str) -> str:
+    """A first user message holds the packed repository; show only its question."""
+    if content.startswith("Repository files:") and "\n\nQuestion: " in content:
+        return content.rsplit("\n\nQuestion: ", 1)[1]
+    return content
+
+
+class SessionService:
+    def __init__(self, store):
+        self.store = store
+
+    def list(self) -> list[Session]:
+        return self.store.list()
+
+    def get(self, ref: str) -> Session:
+        return self.store.get(ref)
+
+    def messages(self, session_id: str) -> list[Message]:
+        return self.store.messages(session_id)
+
+    def history(self, session_id: str) -> list[dict]:
+        """The turns to send again before a follow-up question (as `agentctx ask -c`)."""
+        return [
+            {"role": m.role, "content": m.content}
+            for m in self.store.messages(session_id)
+            if m.content
+        ]
+
+    def save_turn(self, session, root, model, messages, packed, result, status) -> Session:
+        from agentctx.cli import _save_turn
+
+        return _save_turn(
+            store=self.store,
+            session=session,
+            name=None,
+            root=root,
+            kind="repo",
+            model=model,
+            messages=messages,
+            packed=packed,
+            result=result,
+            status=status,
+        )
+
+    def rename(self, ref: str, name: str | None) -> Session:
+        return self.store.rename(ref, name)
+
+    def delete(self, ref: str) -> Session:
+        return self.store.delete(ref)
+
+    def export(self, ref: str, directory: str | None = None) -> Path:
+        """Write the session as JSON Lines into `directory` (default: the current one)."""
+        from sessions.session_file import export_session
+
+        path = Path(directory or os.getcwd()) / f"{self.store.get(ref).id}.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fp:
+            export_session(self.store, ref, fp)
+        os.replace(tmp, path)  # never a half-written file
+        return path
+
+    def context_summary(self, session_id: str) -> str:
+        """Markdown: the packed files and what was left out, from the session's manifests."""
+        manifests = self.store.manifests(session_id)
+        if not manifests:
+            return "This session has no packed context."
+        m = manifests[-1]
+        lines = [f"**{len(m.files)} files packed, {m.tokens:,} tokens**", ""]
+        lines += [f"- `{f['path']}` ({f.get('tokens', 0):,} tokens)" for f in m.files]
+        if m.omitted:
+            reasons = Counter(f.get("reason", "?") for f in m.omitted)
+            why = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+            lines += ["", f"**{len(m.omitted)} files omitted** ({why})"]
+        return "\n".join(lines)

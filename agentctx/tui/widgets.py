@@ -1,0 +1,82 @@
+"""Widgets of the chat screen: the message log entries and the context meter."""
+
+from __future__ import annotations
+
+from textual.widgets import Markdown, Static
+
+
+class UserMessage(Static):
+    """A question, shown as typed (no markup)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text, markup=False, classes="user")
+
+
+class AssistantMessage(Markdown):
+    """An answer, re-rendered as Markdown while it streams."""
+
+    def __init__(self, text: str = "", status: str = "complete") -> None:
+        super().__init__(text, classes="assistant")
+        self.text = text
+        if status != "complete":
+            self.add_class(status)
+
+    def set_text(self, text: str) -> None:
+        if text != self.text:
+            self.text = text
+            self.update(text)
+
+
+class LogLine(Static):
+    """One line of information or an error in the log."""
+
+    def __init__(self, text: str, kind: str = "info") -> None:
+        super().__init__(text, markup=False, classes=kind)
+
+
+class ContextMeter(Static):
+    """ "context T / W tokens · reused R · on GPU — · on host —", plus prefill progress."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", markup=False, **kwargs)
+        self.tokens: int | None = None
+        self.window: int | None = None
+        self.reused: int | None = None
+        self.prefill: str = ""
+        self.label: str = ""
+
+    def on_mount(self) -> None:
+        self.refresh_text()
+
+    def set_usage(self, usage: dict | None, window: int | None) -> None:
+        """After a turn (or on resume); None clears it."""
+        usage = usage or {}
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        self.tokens = None if prompt is None else prompt + (completion or 0)
+        self.reused = usage.get("cached_tokens")
+        self.window = window if window is not None else self.window
+        self.prefill = ""
+        self.refresh_text()
+
+    def set_prefill(self, done: int, total: int, tok_s: float) -> None:
+        pct = 100 * done // max(total, 1)
+        self.prefill = "" if done >= total else f"prefill {pct}% · {tok_s:,.0f} tok/s"
+        self.refresh_text()
+
+    def set_label(self, label: str) -> None:
+        self.label = label
+        self.refresh_text()
+
+    def refresh_text(self) -> None:
+        def n(v: int | None) -> str:
+            return "—" if v is None else f"{v:,}"
+
+        text = (
+            f"context {n(self.tokens)} / {n(self.window)} tokens · reused {n(self.reused)}"
+            " · on GPU — · on host —"
+        )
+        if self.prefill:
+            text += f"  │  {self.prefill}"
+        if self.label:
+            text = f"{self.label}  │  {text}"
+        self.update(text)

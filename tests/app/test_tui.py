@@ -1,0 +1,209 @@
+"""The TUI driven as a user would, with Pilot: the real default model (loaded once), a real
+SessionStore on a temporary file and a tiny git repository."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import git
+import pytest
+
+from agentctx.tui.app import AgentApp
+from agentctx.tui.screens import ChatScreen, SessionsScreen
+from agentctx.tui.widgets import AssistantMessage, ContextMeter, LogLine, UserMessage
+from engine import Engine, SamplingParams
+from sessions.models import Session
+from sessions.store import SessionStore
+
+SIZE = (100, 30)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def engine(agentctx_home):
+    # agentctx_home (tests/conftest.py) has set AGENTCTX_HOME before this loads the model
+    assert os.environ["AGENTCTX_HOME"] == str(agentctx_home)
+    return Engine.load(None, device="cpu")
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "calc"
+    root.mkdir()
+    r = git.Repo.init(root)
+    (root / "README.md").write_text("# calc\n\nA tiny calculator library.\n")
+    (root / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    r.index.add(["README.md", "calc.py"])
+    r.index.commit("initial")
+    return root
+
+
+@pytest.fixture
+def store(tmp_path):
+    with SessionStore(tmp_path / "sessions.db") as s:
+        yield s
+
+
+def make_app(engine, repo, store, max_tokens=16, **kw) -> AgentApp:
+    params = SamplingParams(max_tokens=max_tokens, **kw)
+    return AgentApp(repo=str(repo), engine_factory=lambda model: engine, store=store, params=params)
+
+
+async def submit(pilot, text: str) -> None:
+    pilot.app.screen.query_one("#prompt").value = text
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def finish(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.pause()
+
+
+def texts(app, cls) -> list[str]:
+    out = []
+    for w in app.screen.query(cls):
+        out.append(w.text if isinstance(w, AssistantMessage) else str(w.render()))
+    return out
+
+
+async def test_ask_streams_and_stores_the_turn(engine, repo, store):
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        assert not app.busy
+        answers = texts(app, AssistantMessage)
+        assert len(answers) == 1 and answers[0].strip()
+        meter = str(app.screen.query_one(ContextMeter).render())
+        assert "context " in meter and "context —" not in meter and "/ 8,192 tokens" in meter
+        roles = [m.role for m in store.messages(app.session.id)]
+        assert roles == ["system", "user", "assistant"]
+        assert store.messages(app.session.id)[-1].status == "complete"
+        # /context shows the packed files of this session
+        await submit(pilot, "/context")
+        assert "calc.py" in texts(app, AssistantMessage)[-1]
+
+
+async def test_escape_cancels_and_keeps_the_partial_answer(engine, repo, store):
+    app = make_app(engine, repo, store, max_tokens=4000, ignore_eos=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "Explain calc.py at length.")
+        for _ in range(400):
+            if app.streaming:
+                break
+            await asyncio.sleep(0.02)
+        assert app.streaming
+        await pilot.press("escape")
+        await finish(pilot)
+        assert not app.busy
+        last = store.messages(app.session.id)[-1]
+        assert last.role == "assistant" and last.status == "interrupted"
+        assert (last.tokens or 0) < 4000
+        assert any("interrupted" in t for t in texts(app, LogLine))
+        # still responsive
+        await submit(pilot, "/help")
+        assert "/sessions" in texts(app, AssistantMessage)[-1]
+
+
+async def test_resume_from_the_session_list_and_follow_up(engine, repo, store):
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        sid = app.session.id
+        await submit(pilot, "/new")
+        assert app.session is None and not texts(app, UserMessage)
+        await submit(pilot, "/sessions")
+        assert isinstance(app.screen, SessionsScreen)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatScreen) and app.session.id == sid
+        assert texts(app, UserMessage) == ["What does add do?"]
+        assert len(texts(app, AssistantMessage)) == 1
+        await submit(pilot, "And the README?")
+        await finish(pilot)
+        assert app.session.id == sid
+        msgs = store.messages(sid)
+        assert [m.role for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+        assert msgs[3].content == "And the README?"
+        assert len(store.list()) == 1
+
+
+async def test_session_list_rename_and_delete(engine, repo, store):
+    a = store.create(str(repo), "repo", "default", name="first")
+    store.create(str(repo), "repo", "default", name="second")
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "/sessions")
+        await pilot.press("r")
+        await pilot.pause()
+        app.screen.query_one("#name").value = "renamed"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, SessionsScreen)
+        assert {s.name for s in store.list()} == {"first", "renamed"}
+        await pilot.press("d")
+        await pilot.pause()
+        assert [s.id for s in store.list()] == [a.id]
+
+
+async def test_slash_commands(engine, repo, store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "/help")
+        help_text = texts(app, AssistantMessage)[-1]
+        for cmd in ("/new", "/sessions", "/repo", "/book", "/export", "/model", "/context"):
+            assert cmd in help_text
+        await submit(pilot, "/repo /no/such/dir")
+        assert "does not exist" in texts(app, LogLine)[-1]
+        assert app.repo == str(repo)
+        await submit(pilot, "/frobnicate")
+        assert "unknown command /frobnicate" in texts(app, LogLine)[-1]
+        await submit(pilot, "/book novel.txt")
+        assert "not supported yet" in texts(app, LogLine)[-1]
+        await submit(pilot, "/export")
+        assert "nothing to export" in texts(app, LogLine)[-1]
+        await submit(pilot, "/new")
+        assert not app.screen.query("#log > *")
+        await submit(pilot, "hi")
+        await finish(pilot)
+        await submit(pilot, "/export")
+        path = tmp_path / f"{app.session.id}.jsonl"
+        assert path.exists() and str(path) in texts(app, LogLine)[-1]
+
+
+# -- snapshots (deterministic: no model run, fixed store contents) -----------------------
+
+
+class FixedStore:
+    """Stands in for SessionStore where only the listing is read."""
+
+    def list(self, limit=None):
+        return [
+            Session("s-aaaaaa", "calc-notes", "/r/calc", "repo", "default",
+                    "2025-01-02T10:00:00", "2025-01-02T10:05:00", None, 5),
+            Session("s-bbbbbb", None, "/r/calc", "repo", "default",
+                    "2025-01-01T09:00:00", "2025-01-01T09:01:00", None, 3),
+        ]  # fmt: skip
+
+
+def test_snapshot_empty_chat(snap_compare, tmp_path):
+    app = AgentApp(repo=str(tmp_path / "calc"), engine_factory=lambda m: None, store=FixedStore())
+    assert snap_compare(app, terminal_size=SIZE)
+
+
+def test_snapshot_session_list(snap_compare, tmp_path):
+    app = AgentApp(repo=str(tmp_path / "calc"), engine_factory=lambda m: None, store=FixedStore())
+    assert snap_compare(
+        app, terminal_size=SIZE, press=["/", "s", "e", "s", "s", "i", "o", "n", "s", "enter"]
+    )
