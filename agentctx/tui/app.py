@@ -32,7 +32,7 @@ HELP = """\
 - `/new`: start a new session
 - `/sessions`: list sessions (Enter resume, r rename, d delete)
 - `/repo PATH`: the repository for the next new session
-- `/book FILE`: read a book (not supported yet)
+- `/book FILE`: the next new session reads that book
 - `/export`: write this session to a .jsonl file in the current directory
 - `/model NAME`: load another model
 - `/context`: what this session's context holds
@@ -87,7 +87,8 @@ class AgentApp(App):
         super().__init__()
         from engine import SamplingParams
 
-        self.repo = repo  # the repository of the next new session (None: the current directory)
+        self.repo = repo  # what the next new session reads (None: the current directory)
+        self.kind = "repo"  # "repo", or "book" after /book FILE
         self.model = model
         self.engine_factory = engine_factory or _load_engine
         self.engine = None  # loaded by the first turn
@@ -149,9 +150,10 @@ class AgentApp(App):
                 from agentctx.ask import new_session_messages
                 from tools.repo_files import resolve_root
 
-                root = str(resolve_root(self.repo or "."))
+                book = self.kind == "book"
+                root = self.repo if book else str(resolve_root(self.repo or "."))
                 messages, packed = new_session_messages(
-                    engine, root, question, self.params, None, _Report(post)
+                    engine, root, question, self.params, None, _Report(post), self.kind
                 )
             result, status = self._generate(engine, messages, post)
         except _errors() as e:
@@ -216,8 +218,9 @@ class AgentApp(App):
 
     def _save(self, session, root, messages, packed, result, status):
         try:
+            kind = session.root_kind if session is not None else self.kind
             self.session = self.sessions.save_turn(
-                session, root, self.model, messages, packed, result, status
+                session, root, self.model, messages, packed, result, status, kind
             )
             result.usage["session"] = self.session.id
             return self.session
@@ -304,12 +307,27 @@ class AgentApp(App):
         except _errors() as e:
             self.chat.add_line(str(e), "error")
             return
+        self.kind = "repo"
         self.chat.add_line(f"new sessions read {self.repo}")
         if self.session is None:
             self._update_label()
 
     def _cmd_book(self, arg: str) -> None:
-        self.chat.add_line("book sessions are not supported yet", "error")
+        import os
+
+        from tools.book import book_lines
+
+        if not arg:
+            self.chat.add_line("/book FILE: the next new session reads that book", "error")
+            return
+        try:
+            book_lines(arg)  # exists, one text file, not empty
+        except _errors() as e:
+            self.chat.add_line(str(e), "error")
+            return
+        self.repo, self.kind = os.path.realpath(arg), "book"
+        self.new_session()
+        self.chat.add_line(f"new sessions read the book {self.repo}")
 
     def _cmd_export(self, arg: str) -> None:
         if self.session is None:

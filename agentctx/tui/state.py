@@ -38,7 +38,9 @@ class SessionService:
             if m.content
         ]
 
-    def save_turn(self, session, root, model, messages, packed, result, status) -> Session:
+    def save_turn(
+        self, session, root, model, messages, packed, result, status, kind="repo"
+    ) -> Session:
         from agentctx.cli import _save_turn
 
         return _save_turn(
@@ -46,7 +48,7 @@ class SessionService:
             session=session,
             name=None,
             root=root,
-            kind="repo",
+            kind=kind,
             model=model,
             messages=messages,
             packed=packed,

@@ -170,7 +170,8 @@ async def test_slash_commands(engine, repo, store, tmp_path, monkeypatch):
         await submit(pilot, "/frobnicate")
         assert "unknown command /frobnicate" in texts(app, LogLine)[-1]
         await submit(pilot, "/book novel.txt")
-        assert "not supported yet" in texts(app, LogLine)[-1]
+        assert "book not found" in texts(app, LogLine)[-1]
+        assert app.kind == "repo"
         await submit(pilot, "/export")
         assert "nothing to export" in texts(app, LogLine)[-1]
         await submit(pilot, "/new")
@@ -180,6 +181,21 @@ async def test_slash_commands(engine, repo, store, tmp_path, monkeypatch):
         await submit(pilot, "/export")
         path = tmp_path / f"{app.session.id}.jsonl"
         assert path.exists() and str(path) in texts(app, LogLine)[-1]
+
+
+async def test_book_session(engine, repo, store, tmp_path):
+    book = tmp_path / "tale.txt"
+    book.write_text("A Tale\n\nChapter 1\n\nTom had a red boat named Swift.\n")
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, f"/book {book}")
+        assert "read the book" in texts(app, LogLine)[-1]
+        await submit(pilot, "What was the boat called?")
+        await finish(pilot)
+        assert any("chapters" in t for t in texts(app, LogLine))
+    session = store.latest()
+    assert session.root_kind == "book" and session.root == str(book.resolve())
+    assert "Swift" in store.messages(session.id)[1].content
 
 
 # -- snapshots (deterministic: no model run, fixed store contents) -----------------------
