@@ -104,6 +104,13 @@ def tui(repo: str, model: str | None) -> None:
     "--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 is greedy."
 )
 @click.option(
+    "--repeat-penalty",
+    default=1.1,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Above 1 discourages repeating the answer's own tokens (small models loop without it).",
+)
+@click.option(
     "--context-tokens",
     default=None,
     type=click.IntRange(1),
@@ -117,7 +124,7 @@ def tui(repo: str, model: str | None) -> None:
     show_default=True,
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
-def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature,
+def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
         context_tokens, device, weights) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
     from agentctx.ask import new_session_messages, run_turn
@@ -152,7 +159,9 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         if not as_json:
             output.info("loading model...")
         engine = Engine.load(model, device=device, weights=weights)
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, repetition_penalty=repeat_penalty
+        )
         packed = None
         if session is not None:
             history = [

@@ -94,7 +94,9 @@ class ModelRunner:
         items = out.scheduled
         return (
             self.use_graphs
-            and all(it.num_tokens == 1 and it.samples and it.seq.params.greedy for it in items)
+            and all(
+                it.num_tokens == 1 and it.samples and it.seq.params.plain_greedy for it in items
+            )
             and self._graph_size(len(items)) is not None
             and not self._windowed([len(it.seq) + 1 for it in items])
         )
@@ -142,7 +144,8 @@ class ModelRunner:
             )  # fmt: skip
             logits = self.model.compute_logits(hidden[self._to_device(sample_idx)])
         gens = [self._generator(item.seq) for item in sampling]
-        tokens = sample(logits[: len(sampling)].float(), params, gens)
+        generated = [item.seq.completion_token_ids for item in sampling]
+        tokens = sample(logits[: len(sampling)].float(), params, gens, generated)
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
     def eager_hidden(

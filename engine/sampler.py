@@ -25,18 +25,35 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def penalize(row: torch.Tensor, token_ids: list[int], penalty: float) -> torch.Tensor:
+    """Repetition penalty over the distinct tokens already generated."""
+    if penalty == 1.0 or not token_ids:
+        return row
+    idx = torch.tensor(sorted(set(token_ids)), device=row.device)
+    picked = row[idx]
+    row = row.clone()
+    row[idx] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return row
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    generated: list[list[int]] | None = None,
 ) -> list[int]:
-    """logits: [B, V] -> one token id per row."""
+    """logits: [B, V] -> one token id per row. generated: each row's tokens so far (for the
+    repetition penalty)."""
     greedy = logits.argmax(dim=-1)
     out: list[int] = greedy.tolist()
     for i, p in enumerate(params):
-        if p.greedy:
+        if p.plain_greedy:
             continue
-        row = filter_logits(logits[i].float() / p.temperature, p.top_k, p.top_p)
+        row = penalize(logits[i].float(), generated[i] if generated else [], p.repetition_penalty)
+        if p.greedy:
+            out[i] = int(row.argmax())
+            continue
+        row = filter_logits(row / p.temperature, p.top_k, p.top_p)
         probs = torch.softmax(row, dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=generators[i])
         out[i] = int((probs / noise).argmax())

@@ -14,6 +14,9 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings, matched on decoded text
     ignore_eos: bool = False
+    # > 1 discourages tokens this request already generated (not the prompt, so quoting the
+    # context is not penalised): logit / p if positive, logit * p if negative
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -24,9 +27,16 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that needs the host: the argmax inside a CUDA graph serves it."""
+        return self.greedy and self.repetition_penalty == 1.0

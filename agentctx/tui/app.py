@@ -97,7 +97,8 @@ class AgentApp(App):
 
             store = SessionStore()
         self.sessions = SessionService(store)
-        self.params = params or SamplingParams(max_tokens=400)
+        # a light repetition penalty: the 135M default model loops without it
+        self.params = params or SamplingParams(max_tokens=400, repetition_penalty=1.1)
         self.session = None  # the current stored session; None: the next question starts one
         self.busy = False
         self.streaming = False  # the answer's first token has arrived
