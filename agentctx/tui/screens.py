@@ -140,7 +140,7 @@ class ChatScreen(Screen):
 
     @on(PrefillUpdate)
     def prefilled(self, event: PrefillUpdate) -> None:
-        self.meter.set_prefill(event.done, event.total, event.tok_s)
+        self.meter.set_prefill(event.done, event.total, event.tok_s, self.app.window)
 
     @on(AnswerUpdate)
     def answered(self, event: AnswerUpdate) -> None:

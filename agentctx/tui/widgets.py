@@ -58,8 +58,10 @@ class ContextMeter(Static):
         self.prefill = ""
         self.refresh_text()
 
-    def set_prefill(self, done: int, total: int, tok_s: float) -> None:
+    def set_prefill(self, done: int, total: int, tok_s: float, window: int | None = None) -> None:
         pct = 100 * done // max(total, 1)
+        self.tokens = done  # the context grows as the prompt is prefilled
+        self.window = window if window is not None else self.window
         self.prefill = "" if done >= total else f"prefill {pct}% · {tok_s:,.0f} tok/s"
         self.refresh_text()
 
