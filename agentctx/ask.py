@@ -102,3 +102,35 @@ def new_session_messages(
     packed = pack_for(engine, root, question, params.max_tokens, context_tokens, kind)
     output.info(summary_line(packed, "chapter" if kind == "book" else "file"))
     return first_messages(packed, question, kind), packed
+
+
+def save_turn(store, session, name, root, kind, model, messages, packed, result, status):
+    """Store what this turn added: for a new session its system and user messages and the
+    packing manifest, for a follow-up the new question; then the answer."""
+    with store.transaction():
+        if session is None:
+            session = store.create(root, kind, model or "default", name=name)
+            for m in messages:
+                store.add_message(session.id, m["role"], m["content"])
+            if packed is not None:
+                store.add_manifest(
+                    session.id,
+                    [{"path": f.path, "tokens": f.tokens} for f in packed.files],
+                    [
+                        {"path": f.path, "tokens": f.tokens, "reason": f.reason}
+                        for f in packed.omitted
+                    ],
+                    tokens=packed.tokens,
+                    commit_sha=packed.commit,
+                )
+        else:
+            store.add_message(session.id, "user", messages[-1]["content"])
+        store.add_message(
+            session.id,
+            "assistant",
+            result.answer,
+            tokens=result.usage.get("completion_tokens"),
+            status=status,
+            timings=result.usage,
+        )
+    return store.get(session.id)

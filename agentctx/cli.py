@@ -127,7 +127,7 @@ def tui(repo: str, model: str | None) -> None:
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
         context_tokens, device, weights) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
-    from agentctx.ask import new_session_messages, run_turn
+    from agentctx.ask import new_session_messages, run_turn, save_turn
     from agentctx.output import JsonOutput, TextOutput
     from engine import Engine, SamplingParams
     from tools.repo_files import resolve_root
@@ -180,10 +180,10 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         except KeyboardInterrupt as e:
             partial = getattr(e, "partial", None)
             if store is not None and not no_save and partial is not None:
-                _save_turn(*turn, partial, "interrupted")
+                save_turn(*turn, partial, "interrupted")
             raise
         if store is not None and not no_save:
-            session = _save_turn(*turn, result, "complete")
+            session = save_turn(*turn, result, "complete")
             result.usage["session"] = session.id
         output.end(result.usage)
     except _errors() as e:
@@ -206,38 +206,6 @@ def _find_session(store, ref: str | None, cont: bool):
         if ref.startswith("s-"):
             raise
         return None  # a new session will take this name
-
-
-def _save_turn(store, session, name, root, kind, model, messages, packed, result, status):
-    """Store what this turn added: for a new session its system and user messages and the
-    packing manifest, for a follow-up the new question; then the answer."""
-    with store.transaction():
-        if session is None:
-            session = store.create(root, kind, model or "default", name=name)
-            for m in messages:
-                store.add_message(session.id, m["role"], m["content"])
-            if packed is not None:
-                store.add_manifest(
-                    session.id,
-                    [{"path": f.path, "tokens": f.tokens} for f in packed.files],
-                    [
-                        {"path": f.path, "tokens": f.tokens, "reason": f.reason}
-                        for f in packed.omitted
-                    ],
-                    tokens=packed.tokens,
-                    commit_sha=packed.commit,
-                )
-        else:
-            store.add_message(session.id, "user", messages[-1]["content"])
-        store.add_message(
-            session.id,
-            "assistant",
-            result.answer,
-            tokens=result.usage.get("completion_tokens"),
-            status=status,
-            timings=result.usage,
-        )
-    return store.get(session.id)
 
 
 # -- sessions -----------------------------------------------------------------------------

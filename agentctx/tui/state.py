@@ -41,9 +41,9 @@ class SessionService:
     def save_turn(
         self, session, root, model, messages, packed, result, status, kind="repo"
     ) -> Session:
-        from agentctx.cli import _save_turn
+        from agentctx.ask import save_turn
 
-        return _save_turn(
+        return save_turn(
             store=self.store,
             session=session,
             name=None,
