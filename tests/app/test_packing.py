@@ -6,6 +6,7 @@ import git
 import pytest
 
 from agentctx.packing import PackedContext, pack_repository, render_file, summary_line
+from tests.tools.support import write
 from tools.errors import RootError
 
 AUTHOR = git.Actor("Test", "test@example.com")
@@ -13,15 +14,6 @@ AUTHOR = git.Actor("Test", "test@example.com")
 
 def count_words(text: str) -> int:
     return len(text.split())
-
-
-def write(root: Path, rel_path: str, content: str | bytes) -> None:
-    path = root / rel_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
 
 
 def rendered_words(root: Path, rel_path: str) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 import git
 import pytest
 
+from tests.tools.support import write
 from tools.errors import (
     BinaryFileError,
     FileTooLargeError,
@@ -23,16 +24,6 @@ from tools.repo_files import (
 )
 
 AUTHOR = git.Actor("Test", "test@example.com")
-
-
-def write(root: Path, rel_path: str, content: str | bytes = "x\n") -> Path:
-    path = root / rel_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    return path
 
 
 def commit(repo: git.Repo, *paths: str) -> None:
