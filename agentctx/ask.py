@@ -7,8 +7,9 @@ N+1 starts with exactly the tokens of turn N.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agentctx.agent import DEFAULT_MAX_STEPS
 from agentctx.packing import PackedContext, pack_repository, summary_line
 
 SYSTEM_PROMPT = (
@@ -30,6 +31,7 @@ class TurnResult:
     finish_reason: str
     usage: dict
     packed: PackedContext | None = None
+    steps: list = field(default_factory=list)  # agentctx.agent.ToolStep: tool calls first
 
 
 def first_messages(packed: PackedContext, question: str, kind: str = "repo") -> list[dict]:
@@ -57,30 +59,100 @@ def pack_for(engine, root, question, max_tokens, context_tokens, kind="repo") ->
     return pack_repository(root, question, engine.count_tokens, max(budget, 0))
 
 
-def run_turn(engine, messages: list[dict], params, output) -> TurnResult:
-    """Stream one answer to `output`. Ctrl-C cancels generation; the partial answer is kept
-    and KeyboardInterrupt is raised again with it attached (`.partial`)."""
+def run_turn(
+    engine,
+    messages: list[dict],
+    params,
+    output,
+    root: str | None = None,
+    kind: str = "repo",
+    max_steps: int = DEFAULT_MAX_STEPS,
+    on_stream=None,
+) -> TurnResult:
+    """One turn: stream the answer to `output`, calling tools first when the model's chat
+    template takes them (see agentctx.agent). Ctrl-C cancels generation; the partial answer
+    is kept and KeyboardInterrupt is raised again with it attached (`.partial`). A stream
+    cancelled from another thread (the TUI's Esc) ends the turn with reason "cancelled".
+    `on_stream(stream)` is called with each step's stream, so the caller can cancel it."""
+    from agentctx.agent import (
+        ToolStep,
+        VisibleText,
+        assistant_message,
+        engine_tool_format,
+        parse_tool_calls,
+        run_tools,
+        tool_messages,
+    )
     from engine import ContextTooLongError
+    from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
 
-    ids = engine.chat_tokens(messages)
-    if len(ids) >= engine.max_model_len:
-        raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
-    stream = engine.stream(ids, params)
-    stats, reason = None, "cancelled"
-    try:
-        for event in stream:
-            if event.kind == "prefill":
-                output.prefill(event.prefilled, event.prompt_tokens)
-            elif event.kind == "token" and event.text:
-                output.text(event.text)
-            elif event.kind == "done":
-                stats, reason = event.stats, event.finish_reason or ""
-    except KeyboardInterrupt as e:
-        stream.cancel()
-        e.partial = TurnResult(stream.text, "interrupted", usage_of(None, len(ids)))
-        raise
-    result = TurnResult(stream.text, reason, usage_of(stats, len(ids)))
-    return result
+    fmt = engine_tool_format(engine) if root and max_steps > 0 else None
+    tools = schemas(BOOK_TOOLS if kind == "book" else REPO_TOOLS) if fmt else None
+    convo, steps, completion, ttft = list(messages), [], 0, None
+    for step_no in range(max_steps + 1):
+        ids = engine.chat_tokens(convo, tools=tools)
+        if len(ids) >= engine.max_model_len:
+            raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
+        stream = engine.stream(ids, params)
+        if on_stream is not None:
+            on_stream(stream)
+        visible, stats, reason = VisibleText(fmt), None, "cancelled"
+        try:
+            for event in stream:
+                if event.kind == "prefill":
+                    output.prefill(event.prefilled, event.prompt_tokens)
+                elif event.kind == "token" and event.text:
+                    shown = visible.feed(event.text)
+                    if shown:
+                        output.text(shown)
+                elif event.kind == "done":
+                    stats, reason = event.stats, event.finish_reason or ""
+        except KeyboardInterrupt as e:
+            stream.cancel()
+            content, _ = parse_tool_calls(stream.text, fmt)
+            usage = usage_of(None, len(ids))
+            e.partial = TurnResult(content, "interrupted", usage, steps=steps)
+            raise
+        content, calls = parse_tool_calls(stream.text, fmt)
+        if stats is not None:
+            completion += stats.completion_tokens
+            ttft = stats.ttft_s if ttft is None else ttft
+        if reason == "cancelled" or not calls or step_no == max_steps:
+            if calls and reason != "cancelled":
+                reason = "step_limit"
+                content = content or "(stopped: the tool step limit was reached)"
+            usage = usage_of(stats, len(ids))
+            if stats is not None and steps:
+                usage.update(completion_tokens=completion, ttft_s=round(ttft, 4))
+            if steps:
+                usage.update(steps=len(steps) + 1, tool_calls=sum(len(s.calls) for s in steps))
+            return TurnResult(content, reason, usage, steps=steps)
+        step = ToolStep(content, calls)
+        run_tools(root, step, output, last=step_no == max_steps - 1)
+        steps.append(step)
+        convo += [assistant_message(step), *tool_messages(step)]
+    raise AssertionError("unreachable")  # the loop returns at step max_steps
+
+
+def history_messages(store, session_id: str) -> list[dict]:
+    """The stored turns as chat messages, to send again before a follow-up question:
+    assistant steps that called tools come back with their calls and results, so the
+    template renders the conversation as the model saw it."""
+    from collections import defaultdict
+
+    from agentctx.agent import ToolCallRecord, ToolStep, assistant_message, tool_messages
+
+    calls = defaultdict(list)
+    for t in store.tool_calls(session_id):
+        calls[t.message_id].append(ToolCallRecord(t.name, t.arguments, t.result, t.error))
+    out: list[dict] = []
+    for m in store.messages(session_id):
+        if calls.get(m.id):
+            step = ToolStep(m.content, calls[m.id])
+            out += [assistant_message(step), *tool_messages(step)]
+        elif m.content:
+            out.append({"role": m.role, "content": m.content})
+    return out
 
 
 def usage_of(stats, prompt_tokens: int) -> dict:
@@ -125,6 +197,12 @@ def save_turn(store, session, name, root, kind, model, messages, packed, result,
                 )
         else:
             store.add_message(session.id, "user", messages[-1]["content"])
+        for step in result.steps:
+            m = store.add_message(session.id, "assistant", step.content)
+            for c in step.calls:
+                store.add_tool_call(
+                    session.id, c.name, c.arguments, c.result, c.error, message_id=m.id
+                )
         store.add_message(
             session.id,
             "assistant",

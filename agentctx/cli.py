@@ -10,6 +10,8 @@ import sys
 import click
 from click_default_group import DefaultGroup
 
+from agentctx.agent import DEFAULT_MAX_STEPS
+
 
 class UserError(click.ClickException):
     exit_code = 1
@@ -116,6 +118,13 @@ def tui(repo: str, model: str | None) -> None:
     type=click.IntRange(1),
     help="Cap on packed repository tokens.",
 )
+@click.option(
+    "--max-steps",
+    default=DEFAULT_MAX_STEPS,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Most tool-calling steps in one turn, for models whose template takes tools (0: none).",
+)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
 @click.option(
     "--weights",
@@ -125,9 +134,9 @@ def tui(repo: str, model: str | None) -> None:
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, device, weights) -> None:  # fmt: skip
+        context_tokens, max_steps, device, weights) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
-    from agentctx.ask import new_session_messages, run_turn, save_turn
+    from agentctx.ask import history_messages, new_session_messages, run_turn, save_turn
     from agentctx.output import JsonOutput, TextOutput
     from engine import Engine, SamplingParams
     from tools.repo_files import resolve_root
@@ -164,11 +173,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         )
         packed = None
         if session is not None:
-            history = [
-                {"role": m.role, "content": m.content}
-                for m in store.messages(session.id)
-                if m.content
-            ]
+            history = history_messages(store, session.id)
             messages = history + [{"role": "user", "content": question}]
         else:
             messages, packed = new_session_messages(
@@ -176,7 +181,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
             )
         turn = (store, session, session_ref, root, kind, model, messages, packed)
         try:
-            result = run_turn(engine, messages, params, output)
+            result = run_turn(engine, messages, params, output, root, kind, max_steps)
         except KeyboardInterrupt as e:
             partial = getattr(e, "partial", None)
             if store is not None and not no_save and partial is not None:

@@ -8,6 +8,15 @@ import sys
 from agentctx.progress import Progress
 
 
+def result_summary(call) -> str:
+    """One line about a tool's result: its error, or its size and first line."""
+    if call.error is not None:
+        return f"error: {call.error.splitlines()[0]}"
+    lines = (call.result or "").splitlines()
+    first = lines[0][:80] if lines else ""
+    return f"{len(lines)} lines: {first}" if len(lines) > 1 else first or "(empty)"
+
+
 class TextOutput:
     def __init__(self, out=None, err=None):
         self.out = out or sys.stdout
@@ -24,6 +33,12 @@ class TextOutput:
     def text(self, delta: str) -> None:
         self.out.write(delta)
         self.out.flush()
+
+    def tool_call(self, call) -> None:
+        self.progress.line(f"-> {call.label()}")
+
+    def tool_result(self, call) -> None:
+        self.progress.line(f"   {result_summary(call)}")
 
     def end(self, usage: dict) -> None:
         self.out.write("\n")
@@ -55,6 +70,14 @@ class JsonOutput:
 
     def text(self, delta: str) -> None:
         self._emit({"type": "token", "text": delta})
+
+    def tool_call(self, call) -> None:
+        self._emit({"type": "tool_call", "name": call.name, "arguments": call.arguments})
+
+    def tool_result(self, call) -> None:
+        record = {"type": "tool_result", "name": call.name}
+        record.update({"error": call.error} if call.error is not None else {"result": call.result})
+        self._emit(record)
 
     def end(self, usage: dict) -> None:
         self._emit({"type": "usage", **usage})

@@ -284,9 +284,16 @@ class Engine:
     def count_tokens(self, text: str) -> int:
         return len(self.encode(text))
 
-    def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_tokens(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> list[int]:
+        """The chat template's tokens; `tools` (JSON schemas) for templates that take them."""
+        extra = {"tools": tools} if tools else {}
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, **extra
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
             ids = ids["input_ids"]

@@ -13,13 +13,15 @@ from typing import Any
 from textual import work
 from textual.app import App
 
-from agentctx.ask import TurnResult, usage_of
+from agentctx.agent import DEFAULT_MAX_STEPS
+from agentctx.ask import TurnResult
 from agentctx.tui.screens import (
     AnswerUpdate,
     ChatScreen,
     LogMessage,
     PrefillUpdate,
     SessionsScreen,
+    ToolCalled,
     TurnFinished,
 )
 from agentctx.tui.state import SessionService
@@ -36,6 +38,8 @@ HELP = """\
 - `/export`: write this session to a .jsonl file in the current directory
 - `/model NAME`: load another model
 - `/context`: what this session's context holds
+- `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
+  repeat_penalty, seed, steps (tool steps a turn may take)
 - `/help`: this list
 
 Esc cancels an answer; the partial answer is kept."""
@@ -47,6 +51,38 @@ def _errors() -> tuple[type[Exception], ...]:
     from tools.errors import ToolError
 
     return (EngineError, ToolError, StoreError)
+
+
+class _TurnOutput:
+    """Where agentctx.ask.run_turn reports a turn in the TUI: messages to the chat screen,
+    with the streaming answer throttled."""
+
+    def __init__(self, app: AgentApp, post: Callable[[Any], None]) -> None:
+        self.app, self.post = app, post
+        self.text_so_far, self.last, self.start = "", 0.0, time.perf_counter()
+
+    def info(self, line: str) -> None:
+        self.post(LogMessage(line))
+
+    def prefill(self, done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - self.start, 1e-6)
+        self.post(PrefillUpdate(done, total, rate))
+
+    def text(self, delta: str) -> None:
+        self.app.streaming = True
+        self.text_so_far += delta
+        now = time.perf_counter()
+        if now - self.last >= UPDATE_EVERY_S:
+            self.post(AnswerUpdate(self.text_so_far))
+            self.last = now
+
+    def tool_call(self, call) -> None:
+        if self.text_so_far:
+            self.post(AnswerUpdate(self.text_so_far))
+
+    def tool_result(self, call) -> None:
+        self.post(ToolCalled(call.label(), call.output, call.error is not None))
+        self.text_so_far, self.start = "", time.perf_counter()
 
 
 class _Report:
@@ -69,6 +105,9 @@ class AgentApp(App):
     .assistant { margin: 0; padding: 0; }
     .assistant.interrupted { border-left: thick $warning; }
     .info { color: $text-muted; }
+    .tool { margin: 0; padding: 0; border: none; background: $boost; }
+    .tool-error CollapsibleTitle { color: $error; }
+    .tool-output { color: $text-muted; }
     .error { color: $error; }
     #title { padding: 0 1; height: 1; background: $panel; width: 1fr; }
     #sessions { height: 1fr; }
@@ -99,6 +138,7 @@ class AgentApp(App):
         self.sessions = SessionService(store)
         # a light repetition penalty: the 135M default model loops without it
         self.params = params or SamplingParams(max_tokens=400, repetition_penalty=1.1)
+        self.max_steps = DEFAULT_MAX_STEPS  # tool steps a turn may take (tool-capable models)
         self.session = None  # the current stored session; None: the next question starts one
         self.busy = False
         self.streaming = False  # the answer's first token has arrived
@@ -145,6 +185,7 @@ class AgentApp(App):
         try:
             engine = self._engine(post)
             root, packed = session.root if session is not None else None, None
+            kind = session.root_kind if session is not None else self.kind
             if history is not None:
                 messages = history + [{"role": "user", "content": question}]
             else:
@@ -156,7 +197,7 @@ class AgentApp(App):
                 messages, packed = new_session_messages(
                     engine, root, question, self.params, None, _Report(post), self.kind
                 )
-            result, status = self._generate(engine, messages, post)
+            result, status = self._generate(engine, messages, root, kind, post)
         except _errors() as e:
             post(LogMessage(str(e), "error"))
             post(TurnFinished(None, None, "error"))
@@ -175,34 +216,24 @@ class AgentApp(App):
             self._ui(self._update_label)
         self._ui(self._idle)
 
-    def _generate(self, engine, messages: list[dict], post) -> tuple[TurnResult, str]:
-        """Stream one answer (as agentctx.ask.run_turn, with a cancel from the UI)."""
-        from engine import ContextTooLongError
+    def _generate(self, engine, messages: list[dict], root, kind, post) -> tuple[TurnResult, str]:
+        """Run the turn (agentctx.ask.run_turn, tool calls included), reporting to the chat
+        screen; Esc cancels the step that is streaming."""
+        from agentctx.ask import run_turn
 
-        ids = engine.chat_tokens(messages)
-        if len(ids) >= engine.max_model_len:
-            raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
-        stream = engine.stream(ids, self.params)
-        self._stream = stream
-        if self._cancel:  # Esc came while packing
-            stream.cancel()
-        start, last, stats, reason = time.perf_counter(), 0.0, None, "cancelled"
-        for event in stream:
-            now = time.perf_counter()
-            if event.kind == "prefill":
-                rate = event.prefilled / max(now - start, 1e-6)
-                post(PrefillUpdate(event.prefilled, event.prompt_tokens, rate))
-            elif event.kind == "token" and event.text:
-                self.streaming = True
-                if now - last >= UPDATE_EVERY_S:
-                    post(AnswerUpdate(stream.text))
-                    last = now
-            elif event.kind == "done":
-                stats, reason = event.stats, event.finish_reason or ""
+        def started(stream) -> None:
+            self._stream = stream
+            if self._cancel:  # Esc came while packing or between steps
+                stream.cancel()
+
+        out = _TurnOutput(self, post)
+        result = run_turn(
+            engine, messages, self.params, out, root, kind, self.max_steps, on_stream=started
+        )
         self._stream = None
-        post(AnswerUpdate(stream.text))
-        status = "interrupted" if reason == "cancelled" else "complete"
-        return TurnResult(stream.text, reason, usage_of(stats, len(ids))), status
+        post(AnswerUpdate(result.answer))
+        status = "interrupted" if result.finish_reason == "cancelled" else "complete"
+        return result, status
 
     def _ui(self, fn, *args):
         """Run fn on the UI thread and return its result; None once the app has closed."""
@@ -247,10 +278,23 @@ class AgentApp(App):
             return
         try:
             self.session = self.sessions.get(ref)
-            self.chat.show_messages(self.sessions.messages(self.session.id))
+            self.chat.show_messages(
+                self.sessions.messages(self.session.id), self.sessions.tool_calls(self.session.id)
+            )
         except _errors() as e:
             self.chat.add_line(str(e), "error")
+        else:
+            self._use_session_model(self.session.model)
         self._update_label()
+
+    def _use_session_model(self, stored: str | None) -> None:
+        """A resumed session goes on with the model it was started with."""
+        wanted = None if stored in (None, "", "default") else stored
+        if wanted != self.model:
+            self.model, self.engine = wanted, None
+            self.chat.add_line(
+                f"this session uses {wanted or 'the default model'}; it loads with the next question"
+            )
 
     def rename_session(self, ref: str, name: str) -> None:
         try:
@@ -360,6 +404,39 @@ class AgentApp(App):
             self.engine, self.model = engine, name
             post(LogMessage(f"model {name} loaded"))
         self._ui(self._idle)
+
+    def _cmd_set(self, arg: str) -> None:
+        import dataclasses
+
+        key, _, value = arg.partition(" ")
+        key = key.replace("-", "_")
+        if not key:
+            p = self.params
+            self.chat.add_line(
+                f"temperature {p.temperature} · top_p {p.top_p} · top_k {p.top_k} · "
+                f"max_tokens {p.max_tokens} · repeat_penalty {p.repetition_penalty} · "
+                f"seed {p.seed} · steps {self.max_steps}; /set NAME VALUE changes one"
+            )
+            return
+        names = {"repeat_penalty": "repetition_penalty", "steps": "max_steps"}
+        field_name = names.get(key, key)
+        kinds = {"temperature": float, "top_p": float, "repetition_penalty": float,
+                 "top_k": int, "max_tokens": int, "seed": int, "max_steps": int}  # fmt: skip
+        if field_name not in kinds:
+            self.chat.add_line(f"/set: unknown option {key}; options: {', '.join(kinds)}", "error")
+            return
+        try:
+            number = kinds[field_name](value)
+            if field_name == "max_steps":
+                if number < 0:
+                    raise ValueError("steps must be 0 or more")
+                self.max_steps = number
+            else:
+                self.params = dataclasses.replace(self.params, **{field_name: number})
+        except ValueError as e:
+            self.chat.add_line(f"/set {key}: {e}", "error")
+            return
+        self.chat.add_line(f"{key} = {number}")
 
     def _cmd_context(self, arg: str) -> None:
         if self.session is None:

@@ -14,7 +14,13 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
 from agentctx.tui.state import question_of
-from agentctx.tui.widgets import AssistantMessage, ContextMeter, LogLine, UserMessage
+from agentctx.tui.widgets import (
+    AssistantMessage,
+    ContextMeter,
+    LogLine,
+    ToolCallPanel,
+    UserMessage,
+)
 
 if TYPE_CHECKING:
     from agentctx.tui.app import AgentApp
@@ -43,10 +49,24 @@ class AnswerUpdate(Message):
         self.text = text
 
 
+class ToolCalled(Message):
+    """A tool call ran (its result is in): the step's text so far is final."""
+
+    def __init__(self, label: str, output: str, error: bool) -> None:
+        super().__init__()
+        self.label, self.output, self.error = label, output, error
+
+
 class TurnFinished(Message):
     def __init__(self, usage: dict | None, window: int | None, status: str) -> None:
         super().__init__()
         self.usage, self.window, self.status = usage, window, status
+
+
+def _label(name: str, arguments: dict) -> str:
+    from agentctx.agent import ToolCallRecord
+
+    return ToolCallRecord(name, arguments).label()
 
 
 # -- chat --------------------------------------------------------------------------------
@@ -94,17 +114,32 @@ class ChatScreen(Screen):
     def add_line(self, text: str, kind: str = "info", markdown: bool = False) -> None:
         self._append(AssistantMessage(text, kind) if markdown else LogLine(text, kind))
 
-    def show_messages(self, messages: list) -> None:
-        """Put a stored session's messages in the log (the system prompt is not shown)."""
+    def show_messages(self, messages: list, tool_calls: list = ()) -> None:
+        """Put a stored session's messages and tool calls in the log (the system prompt is
+        not shown)."""
         self.clear()
+        by_message: dict = {}
+        for t in tool_calls:
+            by_message.setdefault(t.message_id, []).append(t)
+        tool_calls = by_message
         for m in messages:
             if m.role == "user":
                 self.add_user(question_of(m.content))
             elif m.role == "assistant":
-                self._append(AssistantMessage(m.content, m.status))
+                if m.content or not tool_calls.get(m.id):
+                    self._append(AssistantMessage(m.content, m.status))
+                for t in tool_calls.get(m.id, []):
+                    output = t.result if t.error is None else f"error: {t.error}"
+                    self.add_tool_call(
+                        _label(t.name, t.arguments), output or "", t.error is not None
+                    )
         last = next((m for m in reversed(messages) if m.role == "assistant"), None)
         if last is not None and last.timings:
             self.meter.set_usage(last.timings, self.app.window)
+
+    def add_tool_call(self, label: str, output: str, error: bool = False) -> None:
+        self.answer = None  # the next step's text starts a new answer block
+        self._append(ToolCallPanel(label, output, error))
 
     def _append(self, widget) -> None:
         self.log_view.mount(widget)
@@ -149,6 +184,10 @@ class ChatScreen(Screen):
             self._append(self.answer)
         self.answer.set_text(event.text)
         self.log_view.scroll_end(animate=False)
+
+    @on(ToolCalled)
+    def tool_called(self, event: ToolCalled) -> None:
+        self.add_tool_call(event.label, event.output, event.error)
 
     @on(TurnFinished)
     def finished(self, event: TurnFinished) -> None:

@@ -30,13 +30,14 @@ class SessionService:
     def messages(self, session_id: str) -> list[Message]:
         return self.store.messages(session_id)
 
+    def tool_calls(self, session_id: str) -> list:
+        return self.store.tool_calls(session_id)
+
     def history(self, session_id: str) -> list[dict]:
         """The turns to send again before a follow-up question (as `agentctx ask -c`)."""
-        return [
-            {"role": m.role, "content": m.content}
-            for m in self.store.messages(session_id)
-            if m.content
-        ]
+        from agentctx.ask import history_messages
+
+        return history_messages(self.store, session_id)
 
     def save_turn(
         self, session, root, model, messages, packed, result, status, kind="repo"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 
 
 class UserMessage(Static):
@@ -25,6 +25,18 @@ class AssistantMessage(Markdown):
         if text != self.text:
             self.text = text
             self.update(text)
+
+
+class ToolCallPanel(Collapsible):
+    """One tool call: its name and arguments as the title, its result (or error) inside,
+    collapsed until opened."""
+
+    def __init__(self, label: str, output: str, error: bool = False) -> None:
+        body = Static(output, markup=False, classes="tool-output")
+        mark = "✗" if error else "⚙"
+        super().__init__(body, title=f"{mark} {label}", collapsed=True, classes="tool")
+        if error:
+            self.add_class("tool-error")
 
 
 class LogLine(Static):

@@ -9,10 +9,17 @@ from pathlib import Path
 
 import git
 import pytest
+from textual.widgets._collapsible import CollapsibleTitle
 
 from agentctx.tui.app import AgentApp
 from agentctx.tui.screens import ChatScreen, SessionsScreen
-from agentctx.tui.widgets import AssistantMessage, ContextMeter, LogLine, UserMessage
+from agentctx.tui.widgets import (
+    AssistantMessage,
+    ContextMeter,
+    LogLine,
+    ToolCallPanel,
+    UserMessage,
+)
 from engine import Engine, SamplingParams
 from sessions.models import Session
 from sessions.store import SessionStore
@@ -57,7 +64,9 @@ def make_app(engine, repo, store, max_tokens=16, **kw) -> AgentApp:
 
 
 async def submit(pilot, text: str) -> None:
-    pilot.app.screen.query_one("#prompt").value = text
+    prompt = pilot.app.screen.query_one("#prompt")
+    prompt.focus()  # as a user clicks back into it (a click may have moved the focus)
+    prompt.value = text
     await pilot.press("enter")
     await pilot.pause()
 
@@ -196,6 +205,73 @@ async def test_book_session(engine, repo, store, tmp_path):
     session = store.latest()
     assert session.root_kind == "book" and session.root == str(book.resolve())
     assert "Swift" in store.messages(session.id)[1].content
+
+
+async def test_tool_calls_show_as_collapsible_panels_and_come_back_on_resume(repo, store):
+    import json
+
+    from textual.widgets import Collapsible
+    from transformers import AutoTokenizer
+
+    from engine.loader import resolve_source
+    from tests.app.scripted import ScriptedEngine
+    from tests.app.tool_templates import HERMES
+
+    read = {"name": "read_file", "arguments": {"path": "calc.py"}}
+    tok = AutoTokenizer.from_pretrained(resolve_source(None).path)
+    scripted = ScriptedEngine(tok, HERMES, [
+        f"<tool_call>{json.dumps(read)}</tool_call>",
+        "add returns a + b (calc.py:2).",
+    ])  # fmt: skip
+    app = AgentApp(repo=str(repo), engine_factory=lambda model: scripted, store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add return?")
+        await finish(pilot)
+        panels = list(app.screen.query(ToolCallPanel))
+        assert len(panels) == 1 and panels[0].collapsed
+        assert "read_file(path='calc.py')" in str(panels[0].title)
+        assert texts(app, AssistantMessage) == ["add returns a + b (calc.py:2)."]
+        await pilot.click(CollapsibleTitle)
+        await pilot.pause()
+        assert not panels[0].collapsed
+        assert "return a + b" in str(panels[0].query_one(".tool-output").render())
+        sid = app.session.id
+        (stored,) = store.tool_calls(sid)
+        assert stored.name == "read_file" and "return a + b" in stored.result
+        await submit(pilot, "/new")
+        await pilot.pause()
+        assert len(app.screen.query(Collapsible)) == 0
+        app.resume(sid)
+        await pilot.pause()
+        assert len(app.screen.query(ToolCallPanel)) == 1
+
+
+async def test_set_changes_sampling_options(engine, repo, store):
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "/set")
+        assert "temperature 0.0" in texts(app, LogLine)[-1]
+        await submit(pilot, "/set temperature 0.7")
+        await submit(pilot, "/set max-tokens 32")
+        await submit(pilot, "/set steps 2")
+        assert (app.params.temperature, app.params.max_tokens, app.max_steps) == (0.7, 32, 2)
+        await submit(pilot, "/set top_p 2")
+        assert "top_p must be in (0, 1]" in texts(app, LogLine)[-1] and app.params.top_p == 1.0
+        await submit(pilot, "/set temperature warm")
+        assert "could not convert" in texts(app, LogLine)[-1]
+        await submit(pilot, "/set bogus 1")
+        assert "unknown option bogus" in texts(app, LogLine)[-1]
+
+
+async def test_resume_goes_on_with_the_sessions_model(repo, store):
+    loaded = []
+    other = store.create(str(repo), "repo", "my/other-model")
+    app = AgentApp(repo=str(repo), engine_factory=loaded.append, store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        app.resume(other.id)
+        await pilot.pause()
+        assert app.model == "my/other-model" and app.engine is None
+        assert "my/other-model" in texts(app, LogLine)[-1]
 
 
 # -- snapshots (deterministic: no model run, fixed store contents) -----------------------
