@@ -24,6 +24,15 @@ def compute_block_hash(token_ids: Seq[int], parent_hash: bytes | None) -> bytes:
     return h.digest()
 
 
+def _chain(token_ids: Seq[int], num_pages: int, page_size: int) -> list[bytes]:
+    """The chain hashes of the first num_pages full pages of token_ids."""
+    parent, out = None, []
+    for i in range(num_pages):
+        parent = compute_block_hash(token_ids[i * page_size : (i + 1) * page_size], parent)
+        out.append(parent)
+    return out
+
+
 @dataclass(slots=True)
 class Block:
     block_id: int
@@ -68,7 +77,8 @@ class BlockManager:
         return matched
 
     def _reusable_prefix(self, seq: Sequence) -> list[int]:
-        matched = self.match_prefix(seq.token_ids)
+        # a session names its pages; other requests look theirs up by hash
+        matched = list(seq.prefix_blocks) or self.match_prefix(seq.token_ids)
         # the model must compute at least one token to produce logits
         if matched and len(matched) * self.block_size >= len(seq):
             matched.pop()
@@ -96,7 +106,13 @@ class BlockManager:
         seq.num_cached_tokens = len(matched) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
         seq.num_hashed_blocks = len(matched)
-        seq.last_block_hash = self.blocks[matched[-1]].hash if matched else None
+        if not seq.prefix_blocks:
+            seq.block_hashes = [self.blocks[bid].hash for bid in matched]
+        elif len(seq.prefix_hashes) >= len(matched):
+            seq.block_hashes = list(seq.prefix_hashes[: len(matched)])
+        else:  # a session's pages kept while caching was off: chain their hashes now
+            seq.block_hashes = _chain(seq.token_ids, len(matched), self.block_size)
+        seq.last_block_hash = seq.block_hashes[-1] if seq.block_hashes else None
 
     def ensure_capacity(self, seq: Sequence, num_tokens: int) -> bool:
         need = self._blocks_for(num_tokens) - len(seq.block_table)
@@ -122,18 +138,49 @@ class BlockManager:
                 block.hash, block.token_ids = h, page
                 self.hash_to_block[h] = block.block_id
             seq.last_block_hash = h
+            seq.block_hashes.append(h)
             seq.num_hashed_blocks = i + 1
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, keep: int = 0) -> None:
+        """Return seq's blocks. The first `keep` blocks keep seq's reference instead: they
+        move to seq.kept_blocks (with their chain hashes), pinned for a session."""
         if not seq.block_table:
             raise RuntimeError(f"{seq} has no blocks to free (double free?)")
+        keep = min(keep, len(seq.block_table))
+        seq.kept_blocks = seq.block_table[:keep]
+        seq.kept_hashes = seq.block_hashes[:keep] if len(seq.block_hashes) >= keep else []
         # tail first: the LRU then evicts the tail of a prefix before its head, because
         # losing a head page makes every page chained after it unreachable
-        for bid in reversed(seq.block_table):
+        for bid in reversed(seq.block_table[keep:]):
             self._decref(bid)
         seq.block_table = []
         seq.num_hashed_blocks = 0
         seq.last_block_hash = None
+        seq.block_hashes = []
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop references taken by free(keep=...) or take(); tail first, as free()."""
+        for bid in reversed(block_ids):
+            self._decref(bid)
+
+    def take(self, num_blocks: int) -> list[int]:
+        """Fresh blocks, each referenced once by the caller (a restored snapshot)."""
+        if num_blocks > self.num_free_blocks:
+            raise RuntimeError(f"{num_blocks} blocks wanted, {self.num_free_blocks} free")
+        return [self._take_free() for _ in range(num_blocks)]
+
+    def register(self, block_ids: list[int], token_ids: Seq[int]) -> list[bytes]:
+        """Hash blocks that hold token_ids' full pages, in order, so other requests with the
+        same prefix find them; returns the chain hashes."""
+        bs = self.block_size
+        hashes = _chain(token_ids, len(block_ids), bs)
+        for i, (bid, h) in enumerate(zip(block_ids, hashes, strict=True)):
+            block = self.blocks[bid]
+            if self.enable_prefix_caching and h not in self.hash_to_block:
+                assert block.hash is None, f"block {bid} is already hashed"
+                block.hash, block.token_ids = h, tuple(token_ids[i * bs : (i + 1) * bs])
+                self.hash_to_block[h] = bid
+        return hashes
 
     def slot(self, seq: Sequence, position: int) -> int:
         bs = self.block_size

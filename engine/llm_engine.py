@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +39,9 @@ from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.session import EngineSession
 
 
 @dataclass(slots=True)
@@ -92,6 +96,7 @@ class Request:
         self.cancelled = threading.Event()
         self.start = time.perf_counter()
         self.stats = GenerationStats(prompt_tokens=seq.num_prompt_tokens)
+        self.session: EngineSession | None = None
 
     @property
     def done(self) -> bool:
@@ -210,6 +215,9 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self._lock = threading.RLock()
         self._ahead: tuple | None = None  # (SchedulerOutput, handle) launched, not yet read
+        self.sessions: dict[str, EngineSession] = {}  # open sessions, by id
+        self.weights_mode = "dense"  # "int4" when decode runs the GGUF's 4-bit blocks
+        self._identity: dict[str, str] | None = None
         self.steps_launched_ahead = 0
 
     # -- construction ----------------------------------------------------------------------
@@ -248,6 +256,7 @@ class Engine:
                 fast = _load_int4(net, source, dev, required=weights == "int4")
         tokenizer = load_tokenizer(source)
         engine = cls(net, cfg, tokenizer, config, dev, dt, name=source.name)
+        engine.weights_mode = "int4" if fast else "dense"
         if fast and _cpu_has_amx():
             # the int4 mode is approximate already; its prefill attention runs in bf16 (AMX)
             engine.runner.prefill_attn_dtype = torch.bfloat16
@@ -301,7 +310,16 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        session: EngineSession | None = None,
+        prefix: tuple[list[int], list[bytes]] | None = None,
+    ) -> Request:
+        """Queue a request. With a `session`, its finished pages stay pinned for the
+        session's next turn; `prefix` (pages, chain hashes) names pages that already hold
+        the prompt's first tokens, so they are reused without hash lookups."""
         params = params or SamplingParams()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
@@ -312,8 +330,12 @@ class Engine:
         if params.max_tokens > room:
             params = dataclasses.replace(params, max_tokens=room)
         seq = Sequence(ids, params)
+        if prefix is not None:
+            seq.prefix_blocks, seq.prefix_hashes = list(prefix[0]), list(prefix[1])
+        seq.keep_pages = session is not None
         detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         req = Request(seq, detok)
+        req.session = session
         with self._lock:
             self.requests[seq.seq_id] = req
             self.scheduler.add(seq)
@@ -425,9 +447,40 @@ class Engine:
         tail = req.detok.delta(final=True) if req.detok else ""
         if tail:
             req.events.append(StreamEvent("token", text=tail))
+        if req.session is not None:
+            req.session._finished(req.seq)
         req.events.append(StreamEvent("done", finish_reason=req.seq.finish_reason, stats=req.stats))
         self.runner.release(req.seq.seq_id)
         del self.requests[req.seq.seq_id]
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def open_session(
+        self, session_id: str, messages: list[dict] | None = None, snapshot: str | None = None
+    ) -> EngineSession:
+        """The live session `session_id` (opened if needed). `messages`: the conversation so
+        far, rendered again by the next append(). `snapshot`: a KV snapshot file to restore
+        the session's pages from; one that does not match this engine is refused
+        (session.snapshot_error says why) and the next turn prefills as usual."""
+        from engine.session import EngineSession
+
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = EngineSession(self, session_id)
+            self.sessions[session_id] = session
+        if messages is not None and not session.messages:
+            session.messages = list(messages)
+        if snapshot is not None and not session.token_ids:
+            session.restore(snapshot)
+        return session
+
+    def kv_identity(self) -> dict[str, str]:
+        """What KV computed by this engine depends on; a snapshot must match all of it."""
+        if self._identity is None:
+            from engine.snapshot import engine_identity
+
+            self._identity = engine_identity(self)
+        return dict(self._identity)
 
     # -- convenience -----------------------------------------------------------------------
 

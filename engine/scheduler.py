@@ -165,7 +165,9 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.block_table:
-            self.block_manager.free(seq)
+            bs = self.block_manager.block_size
+            keep = seq.num_computed_tokens // bs if seq.keep_pages else 0
+            self.block_manager.free(seq, keep=keep)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 

@@ -32,7 +32,17 @@ class Sequence:
         # hash, so each step only hashes the pages it completed (reset when blocks are freed)
         self.num_hashed_blocks = 0
         self.last_block_hash: bytes | None = None
+        self.block_hashes: list[bytes] = []  # chain hash of each committed block, in order
         self.finish_reason: str | None = None
+        # a session's follow-up: the pages (and their chain hashes) that already hold the
+        # first len(prefix_blocks) * page_size tokens; allocate() takes them without lookups
+        self.prefix_blocks: list[int] = []
+        self.prefix_hashes: list[bytes] = []
+        # keep_pages: when it finishes, the sequence's computed full pages stay referenced
+        # (kept_blocks, kept_hashes) for its session instead of returning to the free list
+        self.keep_pages = False
+        self.kept_blocks: list[int] | None = None
+        self.kept_hashes: list[bytes] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -1,0 +1,355 @@
+"""KV snapshot files: a session's pages and tokens on disk, restored without any prefill.
+
+The file is a valid safetensors file (8-byte little-endian header length, a JSON header,
+then the raw data), so standard tools can read it:
+- `kv`: [pages, layers, kv_heads, 2, page_size, head_dim] in the pool's dtype, page i
+  holding tokens [i * page_size, (i + 1) * page_size);
+- `token_ids`: int64 [pages * page_size];
+- `__metadata__`: the engine identity the KV depends on (layout version, a fingerprint of
+  the weights and of the tokenizer, the weights mode, page size, dtype, shapes), the token
+  count, and a CRC-32 for every 64 MiB chunk of the data plus one for the header itself.
+
+Loading memory-maps the file and copies it page-chunk by page-chunk into freshly taken
+pool pages while the chunk checksums are verified on worker threads; nothing is handed to
+the prefix cache until every check passed. Any mismatch (another model, page size, dtype or
+layout) or damage (truncation, a flipped byte) raises SnapshotError with one clear line,
+and the taken pages go back to the free list: mismatched KV is never used.
+
+Writing streams the pages out chunk by chunk (no whole copy in memory), into a temporary
+file that replaces the target only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from engine.errors import EngineError
+
+FORMAT = "agentctx-kv-snapshot"
+LAYOUT_VERSION = "1"
+CHUNK_BYTES = 64 << 20  # the checksum unit
+_MAX_HEADER = 1 << 20
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_BY_NAME = {v: k for k, v in _DTYPES.items()}
+# identity keys a snapshot must match, with what a mismatch means to a user
+_MUST_MATCH = {
+    "layout_version": "layout version",
+    "weights_hash": "model weights",
+    "tokenizer_hash": "tokenizer",
+    "kv_mode": "KV mode (weights mode / prefill precision)",
+    "page_size": "page size",
+    "dtype": "KV dtype",
+    "num_layers": "layer count",
+    "num_kv_heads": "KV head count",
+    "head_dim": "head dim",
+}
+
+
+class SnapshotError(EngineError):
+    """A snapshot that cannot be used here; the message says why, in one line."""
+
+
+# -- identity ------------------------------------------------------------------------------
+
+
+def weights_fingerprint(model: torch.nn.Module, samples: int = 1024) -> str:
+    """A hash of every parameter's and buffer's name, shape, dtype and `samples` values
+    spread evenly over it: distinct weights give distinct hashes at a cost of milliseconds,
+    where hashing every byte of an 8B model would take seconds."""
+    h = hashlib.blake2b(digest_size=16)
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    for name, t in sorted(tensors, key=lambda kv: kv[0]):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        if t.numel() == 0 or t.device.type == "meta":
+            continue
+        flat = t.detach().reshape(-1)
+        k = min(samples, flat.numel())
+        idx = torch.arange(k, device=flat.device) * (flat.numel() - 1) // max(k - 1, 1)
+        picked = flat[idx]
+        if picked.is_floating_point():
+            picked = picked.float()
+        h.update(picked.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    if tokenizer is None:
+        return "none"
+    h = hashlib.blake2b(digest_size=16)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update((getattr(tokenizer, "chat_template", None) or "").encode())
+    return h.hexdigest()
+
+
+def engine_identity(engine) -> dict[str, str]:
+    cfg = engine.model_config
+    prefill = getattr(engine.runner, "prefill_attn_dtype", None)
+    return {
+        "format": FORMAT,
+        "layout_version": LAYOUT_VERSION,
+        "model": engine.name,
+        "weights_hash": weights_fingerprint(engine.model),
+        "tokenizer_hash": tokenizer_fingerprint(engine.tokenizer),
+        "kv_mode": f"{engine.weights_mode}/{prefill or 'native'}".replace("torch.", ""),
+        "page_size": str(engine.config.page_size),
+        "dtype": _DTYPES[engine.dtype],
+        "num_layers": str(cfg.num_layers),
+        "num_kv_heads": str(cfg.num_kv_heads),
+        "head_dim": str(cfg.head_dim),
+    }
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+def _header(meta: dict[str, str], kv_shape, dtype: str, kv_bytes: int, n_tokens: int) -> bytes:
+    body = {
+        "__metadata__": meta,
+        "kv": {"dtype": dtype, "shape": list(kv_shape), "data_offsets": [0, kv_bytes]},
+        "token_ids": {
+            "dtype": "I64",
+            "shape": [n_tokens],
+            "data_offsets": [kv_bytes, kv_bytes + 8 * n_tokens],
+        },
+    }
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+
+
+def _header_crc(meta: dict[str, str]) -> str:
+    rest = {k: v for k, v in meta.items() if k != "header_crc32"}
+    return f"{zlib.crc32(json.dumps(rest, sort_keys=True).encode()):08x}"
+
+
+def save_snapshot(engine, path, blocks: list[int], token_ids: list[int]) -> dict:
+    """Write pages `blocks` (holding token_ids, whole pages) to `path`. Returns the
+    metadata written."""
+    P = engine.config.page_size
+    assert len(token_ids) == len(blocks) * P, "a snapshot holds whole pages"
+    pool = engine.runner.kv.pool  # [L, pages, Hkv, 2, P, D]
+    page_shape = (pool.shape[0],) + tuple(pool.shape[2:])
+    page_bytes = pool[:, 0].numel() * pool.element_size()
+    kv_bytes = page_bytes * len(blocks)
+    data_bytes = kv_bytes + 8 * len(token_ids)
+    n_chunks = -(-data_bytes // CHUNK_BYTES)
+    meta = dict(engine.kv_identity())
+    meta.update(
+        num_tokens=str(len(token_ids)),
+        chunk_bytes=str(CHUNK_BYTES),
+        # fixed-width placeholders: the header is rewritten in place once the data is out
+        chunk_crc32=",".join(["00000000"] * n_chunks),
+        header_crc32="00000000",
+    )
+    shape = (len(blocks), *page_shape)
+    dtype = meta["dtype"]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    crcs = _ChunkCrc(CHUNK_BYTES)
+    try:
+        with open(tmp, "wb") as f:
+            header = _header(meta, shape, dtype, kv_bytes, len(token_ids))
+            f.write(struct.pack("<Q", len(header)) + header)
+            per = max(1, (16 << 20) // page_bytes)  # pages per copy: ~16 MiB
+            ids = torch.tensor(blocks, dtype=torch.long, device=pool.device)
+            for start in range(0, len(blocks), per):
+                chunk = pool.index_select(1, ids[start : start + per]).transpose(0, 1)
+                data = chunk.contiguous().cpu().view(torch.uint8).numpy()
+                f.write(data)
+                crcs.update(memoryview(data).cast("B"))
+            tok = torch.tensor(token_ids, dtype=torch.int64).numpy().tobytes()
+            f.write(tok)
+            crcs.update(tok)
+            meta["chunk_crc32"] = ",".join(crcs.finish())
+            meta["header_crc32"] = _header_crc(meta)
+            final = _header(meta, shape, dtype, kv_bytes, len(token_ids))
+            assert len(final) == len(header)
+            f.seek(8)
+            f.write(final)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return meta
+
+
+class _ChunkCrc:
+    """CRC-32 of consecutive fixed-size chunks of a byte stream fed in arbitrary pieces."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk, self.filled, self.crc, self.out = chunk, 0, 0, []
+
+    def update(self, data) -> None:
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self.chunk - self.filled)
+            self.crc = zlib.crc32(view[:take], self.crc)
+            self.filled += take
+            view = view[take:]
+            if self.filled == self.chunk:
+                self.out.append(f"{self.crc:08x}")
+                self.crc, self.filled = 0, 0
+
+    def finish(self) -> list[str]:
+        if self.filled:
+            self.out.append(f"{self.crc:08x}")
+            self.crc, self.filled = 0, 0
+        return self.out
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def read_header(path) -> tuple[dict, int]:
+    """The parsed header and the data's offset; SnapshotError for anything malformed."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SnapshotError(f"{path.name} is truncated (no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise SnapshotError(f"{path.name} is truncated or not a KV snapshot")
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise SnapshotError(f"no snapshot at {path}") from None
+    except (OSError, ValueError) as e:
+        raise SnapshotError(f"{path.name} is not a readable KV snapshot ({e})") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise SnapshotError(f"{path.name} is not an agentctx KV snapshot")
+    if meta.get("header_crc32") != _header_crc(meta):
+        raise SnapshotError(f"{path.name} is corrupted (header checksum mismatch)")
+    return header, 8 + n
+
+
+def check_identity(meta: dict, engine, name: str = "snapshot") -> None:
+    mine = engine.kv_identity()
+    for key, what in _MUST_MATCH.items():
+        if meta.get(key) != mine[key]:
+            if key == "weights_hash":
+                raise SnapshotError(
+                    f"{name} was made with other model weights ({meta.get('model')}), "
+                    f"not those of {mine['model']}"
+                )
+            raise SnapshotError(
+                f"{name} does not match this engine: {what} {meta.get(key)} here is {mine[key]}"
+            )
+
+
+def load_snapshot(engine, path) -> tuple[list[int], list[bytes], list[int]]:
+    """Restore a snapshot into fresh pages, pinned for the caller: returns (pages, chain
+    hashes, token ids). SnapshotError if it does not match or is damaged."""
+    path = Path(path)
+    header, offset = read_header(path)
+    meta = header["__metadata__"]
+    check_identity(meta, engine, path.name)
+    pool = engine.runner.kv.pool
+    try:
+        kv_spec, tok_spec = header["kv"], header["token_ids"]
+        n_tokens, P = int(meta["num_tokens"]), engine.config.page_size
+        n_pages = n_tokens // P
+        shape = (n_pages, pool.shape[0], *pool.shape[2:])
+        kv_end, tok_end = kv_spec["data_offsets"][1], tok_spec["data_offsets"][1]
+        crcs = meta["chunk_crc32"].split(",") if meta["chunk_crc32"] else []
+        chunk = int(meta["chunk_bytes"])
+        ok_shape = tuple(kv_spec["shape"]) == shape and tok_spec["shape"] == [n_tokens]
+    except (KeyError, ValueError, TypeError, IndexError):
+        raise SnapshotError(f"{path.name} has a malformed header") from None
+    page_bytes = pool[:, 0].numel() * pool.element_size()
+    if (
+        not ok_shape
+        or n_tokens % P
+        or kv_end != n_pages * page_bytes
+        or tok_end != kv_end + 8 * n_tokens
+    ):
+        raise SnapshotError(f"{path.name} has a malformed header (shapes do not agree)")
+    if path.stat().st_size != offset + tok_end:
+        raise SnapshotError(
+            f"{path.name} is truncated or padded: {path.stat().st_size} bytes, "
+            f"{offset + tok_end} expected"
+        )
+    if len(crcs) != -(-tok_end // chunk):
+        raise SnapshotError(f"{path.name} has a malformed header (checksum count)")
+    bm = engine.block_manager
+    if n_pages > bm.num_free_blocks:
+        raise SnapshotError(
+            f"{path.name} needs {n_pages} free KV pages, the cache has {bm.num_free_blocks}"
+        )
+    with open(path, "rb") as f:
+        # a private (copy-on-write) map: writable for torch.frombuffer, never written
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        with engine._lock:
+            blocks = bm.take(n_pages)
+            try:
+                tokens = _copy_in(mm, offset, tok_end, chunk, crcs, shape, pool, blocks, path)
+            except BaseException:
+                bm.release(blocks)
+                raise
+            hashes = bm.register(blocks, tokens)
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # a traceback still holds a view; the GC closes it later
+            pass
+    return blocks, hashes, tokens
+
+
+def _copy_in(mm, offset, data_end, chunk, crcs, shape, pool, blocks, path) -> list[int]:
+    """Copy the mapped pages into `blocks` while worker threads check the chunk CRCs."""
+    view = memoryview(mm)
+    try:
+
+        def crc(i: int) -> bool:
+            lo = offset + i * chunk
+            return f"{zlib.crc32(view[lo : min(lo + chunk, offset + data_end)]):08x}" == crcs[i]
+
+        workers = min(8, os.cpu_count() or 1, max(1, len(crcs)))
+        with ThreadPoolExecutor(workers) as pool_ex:
+            checks = pool_ex.map(crc, range(len(crcs)))
+            n_pages = shape[0]
+            elems = 1
+            for d in shape:
+                elems *= d
+            dtype = pool.dtype
+            if n_pages:
+                kv = torch.frombuffer(mm, dtype=dtype, count=elems, offset=offset).view(shape)
+                ids = torch.tensor(blocks, dtype=torch.long, device=pool.device)
+                per = max(1, (64 << 20) // (kv[0].numel() * kv.element_size()))
+                for start in range(0, n_pages, per):
+                    part = kv[start : start + per].to(pool.device, non_blocking=False)
+                    pool.index_copy_(1, ids[start : start + per], part.transpose(0, 1))
+                del kv, part
+            n_tokens = shape[0] * pool.shape[-2]
+            tok_off = offset + data_end - 8 * n_tokens
+            tokens = []
+            if n_tokens:
+                t = torch.frombuffer(mm, dtype=torch.int64, count=n_tokens, offset=tok_off)
+                tokens = t.tolist()
+                del t
+            bad = [i for i, good in enumerate(checks) if not good]
+        if bad:
+            raise SnapshotError(f"{path.name} is corrupted (checksum mismatch in chunk {bad[0]})")
+        if pool.device.type == "cuda":
+            torch.cuda.synchronize(pool.device)
+        return tokens
+    finally:
+        view.release()
