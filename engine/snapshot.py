@@ -21,6 +21,7 @@ file that replaces the target only when complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -306,10 +307,8 @@ def load_snapshot(engine, path) -> tuple[list[int], list[bytes], list[int]]:
                 raise
             hashes = bm.register(blocks, tokens)
     finally:
-        try:
+        with contextlib.suppress(BufferError):  # a traceback holds a view: the GC closes it
             mm.close()
-        except BufferError:  # a traceback still holds a view; the GC closes it later
-            pass
     return blocks, hashes, tokens
 
 
