@@ -68,12 +68,14 @@ def run_turn(
     kind: str = "repo",
     max_steps: int = DEFAULT_MAX_STEPS,
     on_stream=None,
+    session=None,
 ) -> TurnResult:
     """One turn: stream the answer to `output`, calling tools first when the model's chat
     template takes them (see agentctx.agent). Ctrl-C cancels generation; the partial answer
     is kept and KeyboardInterrupt is raised again with it attached (`.partial`). A stream
     cancelled from another thread (the TUI's Esc) ends the turn with reason "cancelled".
-    `on_stream(stream)` is called with each step's stream, so the caller can cancel it."""
+    `on_stream(stream)` is called with each step's stream, so the caller can cancel it.
+    `session`: an engine session (engine.open_session) whose pinned KV the steps reuse."""
     from agentctx.agent import (
         ToolStep,
         VisibleText,
@@ -93,7 +95,7 @@ def run_turn(
         ids = engine.chat_tokens(convo, tools=tools)
         if len(ids) >= engine.max_model_len:
             raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
-        stream = engine.stream(ids, params)
+        stream = (session or engine).stream(ids, params)
         if on_stream is not None:
             on_stream(stream)
         visible, stats, reason = VisibleText(fmt), None, "cancelled"
@@ -126,6 +128,9 @@ def run_turn(
                 usage.update(completion_tokens=completion, ttft_s=round(ttft, 4))
             if steps:
                 usage.update(steps=len(steps) + 1, tool_calls=sum(len(s.calls) for s in steps))
+            reuse = getattr(session, "last_reuse", None)
+            if reuse is not None and reuse.diverged:
+                usage["diverged_at"] = reuse.common_tokens  # the template re-rendered a turn
             return TurnResult(content, reason, usage, steps=steps)
         step = ToolStep(content, calls)
         run_tools(root, step, output, last=step_no == max_steps - 1)
@@ -212,3 +217,54 @@ def save_turn(store, session, name, root, kind, model, messages, packed, result,
             timings=result.usage,
         )
     return store.get(session.id)
+
+
+def open_engine_session(engine, session, output):
+    """The engine session for a stored session (None: a new one), its KV restored from the
+    session's snapshot when there is one that fits this engine."""
+    import uuid
+
+    from agentctx import kv_snapshots
+
+    if session is None:
+        return engine.open_session(f"new-{uuid.uuid4().hex}")
+    path = kv_snapshots.kv_path(session.id)
+    if not path.exists():
+        return engine.open_session(session.id)
+    es = engine.open_session(session.id, snapshot=str(path))
+    if es.snapshot_error:
+        output.info(f"KV snapshot not used: {es.snapshot_error}; prefilling instead")
+    else:
+        kv_snapshots.touch(path)
+        output.info(f"restored {es.restored_tokens:,} tokens of KV from the session's snapshot")
+    return es
+
+
+def save_kv(es, session_id: str, output) -> None:
+    """Save an engine session's KV as the stored session's snapshot, within the budget."""
+    import time
+
+    from agentctx import kv_snapshots
+    from engine import EngineError
+
+    if not es.blocks:
+        return
+    path = kv_snapshots.kv_path(session_id)
+    try:
+        limit = kv_snapshots.budget()
+        if limit == 0:
+            return
+        start = time.perf_counter()
+        es.save(path)
+        took = time.perf_counter() - start
+        removed = kv_snapshots.prune(kv_snapshots.kv_dir(), limit)
+    except (OSError, EngineError, kv_snapshots.BudgetError) as e:
+        output.info(f"KV snapshot not saved: {e}")
+        return
+    if path in removed:
+        output.info("KV snapshot not kept: it alone is over the disk budget (AGENTCTX_KV_BUDGET)")
+    else:
+        size = path.stat().st_size
+        output.info(
+            f"saved {es.num_cached_tokens:,} tokens of KV ({size / 1e6:,.0f} MB) in {took:.2f} s"
+        )

@@ -136,7 +136,14 @@ def tui(repo: str, model: str | None) -> None:
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
         context_tokens, max_steps, device, weights) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
-    from agentctx.ask import history_messages, new_session_messages, run_turn, save_turn
+    from agentctx.ask import (
+        history_messages,
+        new_session_messages,
+        open_engine_session,
+        run_turn,
+        save_kv,
+        save_turn,
+    )
     from agentctx.output import JsonOutput, TextOutput
     from engine import Engine, SamplingParams
     from tools.repo_files import resolve_root
@@ -180,8 +187,9 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
                 engine, root, question, params, context_tokens, output, kind
             )
         turn = (store, session, session_ref, root, kind, model, messages, packed)
+        es = open_engine_session(engine, session if not no_save else None, output)
         try:
-            result = run_turn(engine, messages, params, output, root, kind, max_steps)
+            result = run_turn(engine, messages, params, output, root, kind, max_steps, session=es)
         except KeyboardInterrupt as e:
             partial = getattr(e, "partial", None)
             if store is not None and not no_save and partial is not None:
@@ -190,6 +198,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         if store is not None and not no_save:
             session = save_turn(*turn, result, "complete")
             result.usage["session"] = session.id
+            save_kv(es, session.id, output)
         output.end(result.usage)
     except _errors() as e:
         raise UserError(str(e)) from None
@@ -301,31 +310,49 @@ def sessions_rename(ref: str, name: str) -> None:
 @click.argument("ref")
 def sessions_rm(ref: str) -> None:
     """Delete a session and everything stored with it."""
+    from agentctx import kv_snapshots
+
     s = _run(lambda: _store().delete(ref))
+    kv_snapshots.remove(s.id)
     click.echo(f"deleted {s.id}")
 
 
 @sessions.command("export")
 @click.argument("ref")
 @click.option("-o", "--output", "path", type=click.Path(dir_okay=False), default=None)
-def sessions_export(ref: str, path: str | None) -> None:
+@click.option("--with-kv", is_flag=True, help="Include the session's KV snapshot (base64).")
+def sessions_export(ref: str, path: str | None, with_kv: bool) -> None:
     """Write a session as a JSON Lines file (stdout without -o)."""
+    from agentctx import kv_snapshots
     from sessions.session_file import export_session
 
+    def kv_of(store):
+        if not with_kv:
+            return None
+        kv = kv_snapshots.kv_path(store.get(ref).id)
+        if not kv.exists():
+            raise UserError(f"session {ref} has no KV snapshot; ask a question in it first")
+        return kv
+
     if path is None:
-        _run(lambda: export_session(_store(), ref, sys.stdout))
+
+        def to_stdout():
+            store = _store()
+            export_session(store, ref, sys.stdout, kv_of(store))
+
+        _run(to_stdout)
         return
     import os
     import tempfile
 
     def export():
         store = _store()
-        store.get(ref)  # fail before creating any file
+        kv = kv_of(store)  # fail before creating any file
         d = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".agentctx-export-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fp:
-                export_session(store, ref, fp)
+                export_session(store, ref, fp, kv)
             os.replace(tmp, path)  # never a half-written file at `path`
         except BaseException:
             os.unlink(tmp)
@@ -342,8 +369,13 @@ def sessions_import(path: str) -> None:
     from sessions.session_file import import_session
 
     def do_import():
-        with open(path, encoding="utf-8") as fp:
-            return import_session(_store(), fp)
+        from agentctx import kv_snapshots
+
+        try:
+            with open(path, encoding="utf-8") as fp:
+                return import_session(_store(), fp, kv_snapshots.kv_dir())
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot import {path}: {e}") from None
 
     s = _run(do_import)
     click.echo(f"imported {s.id}")

@@ -11,7 +11,10 @@ is refused with SessionFileError rather than silently making a second copy.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -57,6 +60,7 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "error": _OPT_STR,
         "created": _STR,
     },
+    "kv_snapshot": {"part": _INT, "parts": _INT, "size": _INT, "data": _STR},
     "manifest": {
         "message_seq": _OPT_INT,
         "commit_sha": _OPT_STR,
@@ -84,9 +88,16 @@ class SessionFile:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     manifests: list[dict[str, Any]] = field(default_factory=list)
+    kv_parts: int = 0
+    has_kv: bool = False
 
 
-def export_session(store: SessionStore, ref: str, fp: IO[str]) -> Session:
+KV_PART_BYTES = 3 << 20  # raw bytes of KV snapshot per record (4 MiB of base64)
+
+
+def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> Session:
+    """Write the session; with `kv_path`, its KV snapshot file follows as base64
+    `kv_snapshot` records (the file's bytes unchanged; the engine checks them on load)."""
     session = store.get(ref)
     messages = store.messages(session.id)
     seq_of = {m.id: m.seq for m in messages}
@@ -143,11 +154,21 @@ def export_session(store: SessionStore, ref: str, fp: IO[str]) -> Session:
         )
     for record in records:
         fp.write(json.dumps(record, ensure_ascii=False) + "\n")
+    if kv_path is not None:
+        size = os.path.getsize(kv_path)
+        parts = max(1, -(-size // KV_PART_BYTES))
+        with open(kv_path, "rb") as kv:
+            for part in range(parts):
+                data = base64.b64encode(kv.read(KV_PART_BYTES)).decode("ascii")
+                record = {"type": "kv_snapshot", "part": part, "parts": parts, "size": size}
+                fp.write(json.dumps({**record, "data": data}) + "\n")
     return session
 
 
-def read_session_file(lines: Iterable[str]) -> SessionFile:
-    """Parse and check every line; raises SessionFileError naming the first bad line."""
+def read_session_file(lines: Iterable[str], kv_sink: IO[bytes] | None = None) -> SessionFile:
+    """Parse and check every line; raises SessionFileError naming the first bad line.
+    KV snapshot records are decoded into `kv_sink` (skipped without one)."""
+    kv_parts = kv_size = kv_written = 0
     parsed: SessionFile | None = None
     seqs: set[int] = set()
     header_seen = False
@@ -175,6 +196,18 @@ def read_session_file(lines: Iterable[str]) -> SessionFile:
             continue
         if parsed is None:
             raise SessionFileError(f"{kind} record before the session record", number)
+        if kind == "kv_snapshot":
+            if record["part"] != kv_parts or (kv_parts and record["size"] != kv_size):
+                raise SessionFileError(f"kv_snapshot part {record['part']} is out of order", number)
+            try:
+                data = base64.b64decode(record["data"], validate=True)
+            except binascii.Error:
+                raise SessionFileError("kv_snapshot data is not base64", number) from None
+            kv_parts, kv_size, kv_written = kv_parts + 1, record["size"], kv_written + len(data)
+            parsed.kv_parts = record["parts"]
+            if kv_sink is not None:
+                kv_sink.write(data)
+            continue
         if kind == "message":
             if record["seq"] < 1 or record["seq"] in seqs:
                 raise SessionFileError(f"message seq {record['seq']} is not new and >= 1", number)
@@ -189,11 +222,32 @@ def read_session_file(lines: Iterable[str]) -> SessionFile:
         raise SessionFileError("empty file: no agentctx-session header")
     if parsed is None:
         raise SessionFileError("no session record")
+    if kv_parts and (kv_parts != parsed.kv_parts or kv_written != kv_size):
+        raise SessionFileError(f"the KV snapshot is incomplete ({kv_written} of {kv_size} bytes)")
+    parsed.has_kv = kv_parts > 0
     return parsed
 
 
-def import_session(store: SessionStore, fp: Iterable[str]) -> Session:
-    data = read_session_file(fp)
+def import_session(store: SessionStore, fp: Iterable[str], kv_dir=None) -> Session:
+    """Add the session in the file. Its KV snapshot, if it has one and `kv_dir` is given,
+    is written to kv_dir/<session id>.kv once the session is stored."""
+    if kv_dir is None:
+        return _import(store, read_session_file(fp))
+    os.makedirs(kv_dir, exist_ok=True)
+    tmp = os.path.join(kv_dir, f".import-{os.getpid()}.kv.tmp")
+    try:
+        with open(tmp, "wb") as sink:
+            data = read_session_file(fp, sink)
+        session = _import(store, data)
+        if data.has_kv:
+            os.replace(tmp, os.path.join(kv_dir, f"{session.id}.kv"))
+        return session
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _import(store: SessionStore, data: SessionFile) -> Session:
     s = data.session
     with store.transaction() as db:
         if db.execute("select 1 from sessions where id = ?", [s["id"]]).fetchone():

@@ -85,6 +85,11 @@ class _TurnOutput:
         self.text_so_far, self.start = "", time.perf_counter()
 
 
+class _Silent:
+    def info(self, line: str) -> None:
+        pass
+
+
 class _Report:
     """The `output` that packing writes its summary line to."""
 
@@ -144,6 +149,8 @@ class AgentApp(App):
         self.streaming = False  # the answer's first token has arrived
         self._stream = None
         self._cancel = False
+        self.es = None  # the engine session (pinned KV) of the current session
+        self.es_owner: str | None = None  # its stored session's id; None: not stored yet
 
     @property
     def window(self) -> int | None:
@@ -197,7 +204,8 @@ class AgentApp(App):
                 messages, packed = new_session_messages(
                     engine, root, question, self.params, None, _Report(post), self.kind
                 )
-            result, status = self._generate(engine, messages, root, kind, post)
+            es = self._engine_session(engine, session, post)
+            result, status = self._generate(engine, messages, root, kind, post, es)
         except _errors() as e:
             post(LogMessage(str(e), "error"))
             post(TurnFinished(None, None, "error"))
@@ -216,7 +224,32 @@ class AgentApp(App):
             self._ui(self._update_label)
         self._ui(self._idle)
 
-    def _generate(self, engine, messages: list[dict], root, kind, post) -> tuple[TurnResult, str]:
+    def _engine_session(self, engine, session, post):
+        """The engine session of the current stored session (worker thread): kept open
+        between turns so follow-ups reuse the KV; opened from its snapshot on resume."""
+        owner = session.id if session is not None else None
+        if self.es is not None and self.es_owner == owner and self.es.engine is engine:
+            return self.es
+        from agentctx.ask import open_engine_session
+
+        self.es, self.es_owner = open_engine_session(engine, session, _Report(post)), owner
+        return self.es
+
+    def _close_engine_session(self) -> None:
+        """Save the engine session's KV as its stored session's snapshot, then unpin it."""
+        es, owner = self.es, self.es_owner
+        self.es = self.es_owner = None
+        if es is None:
+            return
+        if owner is not None and not es.busy:
+            from agentctx.ask import save_kv
+
+            save_kv(es, owner, _Report(self.chat.post_message))
+        es.close()
+
+    def _generate(
+        self, engine, messages: list[dict], root, kind, post, es=None
+    ) -> tuple[TurnResult, str]:
         """Run the turn (agentctx.ask.run_turn, tool calls included), reporting to the chat
         screen; Esc cancels the step that is streaming."""
         from agentctx.ask import run_turn
@@ -228,7 +261,7 @@ class AgentApp(App):
 
         out = _TurnOutput(self, post)
         result = run_turn(
-            engine, messages, self.params, out, root, kind, self.max_steps, on_stream=started
+            engine, messages, self.params, out, root, kind, self.max_steps, started, es
         )
         self._stream = None
         post(AnswerUpdate(result.answer))
@@ -255,6 +288,8 @@ class AgentApp(App):
                 session, root, self.model, messages, packed, result, status, kind
             )
             result.usage["session"] = self.session.id
+            if self.es is not None and self.es_owner is None:
+                self.es_owner = self.session.id  # the new session's KV is now its own
             return self.session
         except _errors() as e:
             self.chat.add_line(f"could not store the turn: {e}", "error")
@@ -277,7 +312,10 @@ class AgentApp(App):
             self.chat.add_line("an answer is running: wait, or press Esc to cancel", "error")
             return
         try:
-            self.session = self.sessions.get(ref)
+            target = self.sessions.get(ref)
+            if self.session is None or target.id != self.session.id:
+                self._close_engine_session()
+            self.session = target
             self.chat.show_messages(
                 self.sessions.messages(self.session.id), self.sessions.tool_calls(self.session.id)
             )
@@ -291,6 +329,7 @@ class AgentApp(App):
         """A resumed session goes on with the model it was started with."""
         wanted = None if stored in (None, "", "default") else stored
         if wanted != self.model:
+            self._close_engine_session()
             self.model, self.engine = wanted, None
             self.chat.add_line(
                 f"this session uses {wanted or 'the default model'}; it loads with the next question"
@@ -310,10 +349,15 @@ class AgentApp(App):
         except _errors() as e:
             self.notify(str(e), severity="error")
             return
+        from agentctx import kv_snapshots
+
         if self.session is not None and self.session.id == s.id:
+            self.es_owner = None  # nothing to save for a deleted session
             self.new_session()
+        kv_snapshots.remove(s.id)
 
     def new_session(self) -> None:
+        self._close_engine_session()
         self.session = None
         self.chat.clear()
         self._update_label()
@@ -401,6 +445,7 @@ class AgentApp(App):
         except Exception as e:
             post(LogMessage(f"could not load {name}: {e}", "error"))
         else:
+            self._ui(self._close_engine_session)
             self.engine, self.model = engine, name
             post(LogMessage(f"model {name} loaded"))
         self._ui(self._idle)
@@ -449,6 +494,14 @@ class AgentApp(App):
     def on_unmount(self) -> None:
         if self._stream is not None:
             self._stream.cancel()
+        es = self.es
+        if es is not None and self.es_owner is not None and not es.busy:
+            from agentctx.ask import save_kv
+
+            save_kv(es, self.es_owner, _Silent())  # on exit: the screen is gone
+        if es is not None:
+            es.close()
+        self.es = None
 
 
 def _load_engine(model: str | None):

@@ -62,5 +62,25 @@ class ScriptedEngine:
         reply = self.replies.pop(0) if self.replies else "(no more replies)"
         return ScriptedStream(self, ids, reply)
 
+    def open_session(self, session_id, messages=None, snapshot=None) -> ScriptedSession:
+        return ScriptedSession(self)
+
     def prompt_text(self, step: int) -> str:
         return self.tokenizer.decode(self.prompts[step])
+
+
+class ScriptedSession:
+    """engine.open_session's stand-in: no KV to keep, every step streams from the script."""
+
+    def __init__(self, engine: ScriptedEngine) -> None:
+        self.engine = engine
+        self.blocks: list[int] = []
+        self.busy = False
+        self.last_reuse = None
+        self.snapshot_error = None
+
+    def stream(self, ids, params=None) -> ScriptedStream:
+        return self.engine.stream(ids, params)
+
+    def close(self) -> None:
+        pass

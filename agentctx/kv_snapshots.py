@@ -1,0 +1,86 @@
+"""Where the app keeps KV snapshots, and how many bytes of them.
+
+One file per stored session, `<session id>.kv`, in a `kv/` folder beside the session
+database. Saving one prunes the folder to the disk budget, least recently used first
+(a snapshot is "used" when it is saved or loaded; its mtime records that). The budget comes
+from $AGENTCTX_KV_BUDGET, else "kv_budget" in config.json, else 4 GiB; "0" keeps none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+
+from sessions.paths import home_dir
+
+DEFAULT_BUDGET = 4 << 30
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
+          "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12,
+          "tib": 1 << 40}  # fmt: skip
+
+
+class BudgetError(ValueError):
+    pass
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "4GiB", "500 MB", "1e9" or an int."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise BudgetError(f"a size cannot be negative: {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise BudgetError(f"not a size: {text!r} (use e.g. 4GiB, 500MB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def kv_dir() -> Path:
+    return home_dir() / "kv"
+
+
+def kv_path(session_id: str) -> Path:
+    return kv_dir() / f"{session_id}.kv"
+
+
+def budget() -> int:
+    env = os.environ.get("AGENTCTX_KV_BUDGET")
+    if env:
+        return parse_size(env)
+    from agentctx.models import load_config
+
+    value = load_config().get("kv_budget")
+    return DEFAULT_BUDGET if value is None else parse_size(value)
+
+
+def touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def prune(directory: Path, limit: int) -> list[Path]:
+    """Delete the least recently used snapshots until the rest fit in `limit` bytes;
+    returns what was deleted (the newest too, if it alone is over the limit)."""
+    files = []
+    for p in directory.glob("*.kv"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        files.append((st.st_mtime, p, st.st_size))
+    files.sort()
+    total = sum(size for _, _, size in files)
+    removed = []
+    for _, p, size in files:
+        if total <= limit:
+            break
+        p.unlink(missing_ok=True)
+        total -= size
+        removed.append(p)
+    return removed
+
+
+def remove(session_id: str) -> None:
+    kv_path(session_id).unlink(missing_ok=True)
