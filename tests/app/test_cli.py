@@ -4,6 +4,7 @@ default model. Bad input gives one line on stderr and a non-zero exit, never a t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,15 @@ import pytest
 from engine.default_model import default_model_path
 
 
-def agentctx(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def agentctx(
+    *args: str, timeout: int = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "agentctx", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
 
 

@@ -141,6 +141,12 @@ def test_ask_then_continue_in_one_session(home, repo):
     assert events[-1]["prompt_tokens"] > msgs[2].tokens
     assert events[-1]["session"] == session.id
     assert len(store.manifests(session.id)) == 1
+    # turn 1's KV was saved on exit and restored by the new process: turn 2 prefilled only
+    # what follows it (at least turn 1's whole prompt, in whole pages, came from the file)
+    assert (home / "kv" / f"{session.id}.kv").is_file()
+    infos = [e["message"] for e in events if e["type"] == "info"]
+    assert any(m.startswith("restored ") and "tokens of KV" in m for m in infos), infos
+    assert events[-1]["cached_tokens"] >= msgs[2].timings["prompt_tokens"] // 16 * 16 > 0
     # --no-save stores nothing
     assert (
         agentctx("ask", "--no-save", "Hi?", "--repo", str(repo), "--max-tokens", "4").returncode
@@ -190,3 +196,38 @@ def test_ask_about_a_book(home, tmp_path):
 def test_repo_and_book_together_is_a_usage_error(home, repo, tmp_path):
     proc = agentctx("ask", "q", "--repo", str(repo), "--book", str(tmp_path / "b.txt"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_export_with_kv_round_trips_the_snapshot(home, tmp_path):
+    s = make_session(home)
+    kv = home / "kv" / f"{s.id}.kv"
+    assert_one_line_error(
+        agentctx("sessions", "export", s.id, "--with-kv", "-o", str(tmp_path / "x.jsonl")),
+        "has no KV snapshot",
+    )
+    assert not (tmp_path / "x.jsonl").exists()
+    kv.parent.mkdir()
+    payload = os.urandom(7 << 20)  # three base64 records
+    kv.write_bytes(payload)
+    out = tmp_path / "with-kv.jsonl"
+    assert agentctx("sessions", "export", s.id, "--with-kv", "-o", str(out)).returncode == 0
+    kinds = [json.loads(line)["type"] for line in out.read_text().splitlines()[1:]]
+    assert kinds.count("kv_snapshot") == 3
+    # into an empty home: the session and its snapshot, byte for byte
+    other = tmp_path / "other"
+    other.mkdir()
+    env = {"AGENTCTX_HOME": str(other)}
+    assert agentctx("sessions", "import", str(out), env=env).returncode == 0
+    assert (other / "kv" / f"{s.id}.kv").read_bytes() == payload
+    # a file whose KV records stop short is refused whole: no session, no snapshot
+    lines = out.read_text().splitlines()
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(lines[:-1]) + "\n")
+    third = tmp_path / "third"
+    third.mkdir()
+    result = agentctx("sessions", "import", str(short), env={"AGENTCTX_HOME": str(third)})
+    assert_one_line_error(result, "KV snapshot is incomplete")
+    assert not list((third / "kv").glob("*")) if (third / "kv").exists() else True
+    # rm deletes the snapshot with the session
+    assert agentctx("sessions", "rm", s.id).returncode == 0
+    assert not kv.exists()
