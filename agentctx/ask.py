@@ -7,6 +7,7 @@ N+1 starts with exactly the tokens of turn N.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from agentctx.agent import DEFAULT_MAX_STEPS
@@ -231,19 +232,22 @@ def open_engine_session(engine, session, output):
     path = kv_snapshots.kv_path(session.id)
     if not path.exists():
         return engine.open_session(session.id)
+    start = time.perf_counter()
     es = engine.open_session(session.id, snapshot=str(path))
     if es.snapshot_error:
         output.info(f"KV snapshot not used: {es.snapshot_error}; prefilling instead")
     else:
         kv_snapshots.touch(path)
-        output.info(f"restored {es.restored_tokens:,} tokens of KV from the session's snapshot")
+        took = time.perf_counter() - start
+        output.info(
+            f"restored {es.restored_tokens:,} tokens of KV from the session's snapshot"
+            f" in {took:.2f} s"
+        )
     return es
 
 
 def save_kv(es, session_id: str, output) -> None:
     """Save an engine session's KV as the stored session's snapshot, within the budget."""
-    import time
-
     from agentctx import kv_snapshots
     from engine import EngineError
 
