@@ -35,6 +35,20 @@ def causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Te
     return mask
 
 
+def lower_right_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """A chunk of queries at the end of a longer sequence: q [1, Hq, T, D], k/v [Hkv, S, D],
+    S >= T, query i sees keys up to S - T + i. The lower-right causal bias lets SDPA run the
+    memory-efficient kernel instead of the math path, which materialises [Hq, T, S] scores
+    (at T = 16K, S = 128K: 272 GB). K and V are expanded to the query heads for it."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    groups = q.shape[1] // k.shape[0]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+    bias = causal_lower_right(q.shape[2], k.shape[1])
+    return F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=bias, scale=scale)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -92,6 +106,8 @@ def _attention_per_sequence(
             o = F.scaled_dot_product_attention(
                 qs, ks[None], vs[None], is_causal=True, scale=scale, enable_gqa=True
             )
+        elif window is None and q.is_cuda:
+            o = lower_right_causal(qs, ks, vs, scale)
         else:
             mask = causal_mask(q_len, kv_len, window, q.device)
             o = F.scaled_dot_product_attention(

@@ -107,3 +107,19 @@ def test_cpu_bf16_tracks_fp32(checkpoint):
     assert bf16.runner.kv.pool.dtype == torch.bfloat16
     assert (a - b).abs().max().item() < 0.1
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(5, 5), (7, 40), (1, 9), (16, 16 * 9)])
+def test_lower_right_causal_matches_the_masked_reference(q_len, kv_len):
+    import torch.nn.functional as F
+
+    from engine.attention import causal_mask, lower_right_causal
+
+    g = torch.Generator().manual_seed(q_len)
+    q = torch.randn(1, 8, q_len, 16, generator=g)
+    k, v = torch.randn(2, kv_len, 16, generator=g), torch.randn(2, kv_len, 16, generator=g)
+    mask = causal_mask(q_len, kv_len, None, "cpu")
+    ref = F.scaled_dot_product_attention(
+        q, k[None], v[None], attn_mask=mask, scale=0.25, enable_gqa=True
+    )
+    assert torch.allclose(lower_right_causal(q, k, v, 0.25), ref, atol=1e-6)
