@@ -176,8 +176,9 @@ def main() -> None:
             mb_per_1k_tokens=med["snapshot_bytes"] / med["snapshot_tokens"] * 1000 / 1e6,
             cold_prefill_tok_s=med["turn2_tokens"] / med["cold_ttft_s"],
         )
+        med["samples"] = results
         rows.append(med)
-        print(json.dumps(med), flush=True)
+        print(json.dumps({k: v for k, v in med.items() if k != "samples"}), flush=True)
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
