@@ -198,9 +198,8 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         if store is not None and not no_save:
             session = save_turn(*turn, result, "complete")
             result.usage["session"] = session.id
-        output.end(result.usage)
-        if store is not None and not no_save:
             save_kv(es, session.id, output)
+        output.end(result.usage)
     except _errors() as e:
         raise UserError(str(e)) from None
 

@@ -21,8 +21,14 @@ class TextOutput:
     def __init__(self, out=None, err=None):
         self.out = out or sys.stdout
         self.progress = Progress(err)
+        self.open_line = False  # the answer's last line has no newline yet
+        self.ended_line = False  # info() ended it, so end() does not add a blank line
 
     def info(self, line: str) -> None:
+        if self.open_line:  # keep stderr lines off the end of the answer on a terminal
+            self.out.write("\n")
+            self.out.flush()
+            self.open_line, self.ended_line = False, True
         self.progress.line(line)
 
     def prefill(self, done: int, total: int) -> None:
@@ -33,16 +39,18 @@ class TextOutput:
     def text(self, delta: str) -> None:
         self.out.write(delta)
         self.out.flush()
+        self.open_line, self.ended_line = not delta.endswith("\n"), False
 
     def tool_call(self, call) -> None:
-        self.progress.line(f"-> {call.label()}")
+        self.info(f"-> {call.label()}")
 
     def tool_result(self, call) -> None:
-        self.progress.line(f"   {result_summary(call)}")
+        self.info(f"   {result_summary(call)}")
 
     def end(self, usage: dict) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        if not self.ended_line:
+            self.out.write("\n")
+            self.out.flush()
         if usage.get("prompt_tokens") is not None:
             self.progress.line(
                 f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "

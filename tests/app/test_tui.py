@@ -274,6 +274,33 @@ async def test_resume_goes_on_with_the_sessions_model(repo, store):
         assert "my/other-model" in texts(app, LogLine)[-1]
 
 
+async def test_closing_saves_the_kv_and_resuming_restores_it(
+    engine, repo, store, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("AGENTCTX_HOME", str(tmp_path / "home"))  # kv/ goes here
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        sid = app.session.id
+        pinned = app.es.num_cached_tokens
+        assert pinned > 0
+    # the app closed: its session's KV went to a snapshot and its pages were unpinned
+    assert (tmp_path / "home" / "kv" / f"{sid}.kv").is_file()
+    assert not engine.sessions
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        app.resume(sid)
+        await pilot.pause()
+        await submit(pilot, "And subtract?")
+        await finish(pilot)
+        assert any(f"restored {pinned:,} tokens of KV" in t for t in texts(app, LogLine))
+        msgs = store.messages(sid)
+        # at least turn 1's prompt came from the file (its answer too, unless re-encoding
+        # its text gives other tokens than the model generated)
+        assert msgs[-1].timings["cached_tokens"] >= msgs[2].timings["prompt_tokens"] // 16 * 16
+
+
 # -- snapshots (deterministic: no model run, fixed store contents) -----------------------
 
 
