@@ -7,6 +7,7 @@ import json
 import re
 import secrets
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +45,21 @@ def to_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
+def _enable_wal(db: Database) -> None:
+    """Switch to WAL. The switch needs an exclusive lock and SQLite may answer "database is
+    locked" at once, without waiting out the busy timeout, while another process is opening
+    the same new file: retry for up to the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.enable_wal()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def open_database(path: Path) -> Database:
     """Open (creating if needed) and migrate the database. A file that is not a SQLite
     database raises StoreError and is left exactly as it was."""
@@ -57,7 +73,7 @@ def open_database(path: Path) -> Database:
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         # Reads the header before anything could write to the file.
         db.execute("PRAGMA schema_version").fetchone()
-        db.enable_wal()
+        _enable_wal(db)
         db.execute("PRAGMA foreign_keys = ON")
         migrate(db)
     except sqlite3.DatabaseError as e:
