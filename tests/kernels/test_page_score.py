@@ -1,0 +1,101 @@
+"""Page scoring (Triton against the torch reference; the Quest score bounds q.k) and page
+selection (sinks, window, top-k, stochastic tail)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import HAS_TRITON, INTERPRET
+from kernels.page_score import (
+    empty_summaries,
+    page_scores,
+    page_scores_reference,
+    select_pages,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(
+    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
+)
+
+
+def build(group, head_dim, T, seed, lens=(5, 40, 130), P=16, Hkv=2):
+    """Keys in a shuffled page pool, their exact summaries, queries, block tables."""
+    g = torch.Generator().manual_seed(seed)
+    n_pages = [-(-n // P) for n in lens]
+    total = sum(n_pages) + 2
+    keys = torch.randn(total, Hkv, P, head_dim, generator=g)
+    order = torch.randperm(total, generator=g)
+    tables = torch.zeros(len(lens), max(n_pages), dtype=torch.int32)
+    summ = empty_summaries(total * Hkv, head_dim)
+    used = 0
+    for b, (n, np_) in enumerate(zip(lens, n_pages, strict=True)):
+        tables[b, :np_] = order[used : used + np_]
+        used += np_
+        for p in range(np_):
+            rows = min(P, n - p * P)
+            page = int(tables[b, p])
+            for h in range(Hkv):
+                k = keys[page, h, :rows]
+                summ[page * Hkv + h] = torch.stack([k.amin(0), k.amax(0), k.sum(0)])
+    q = torch.randn(len(lens), T, Hkv * group, head_dim, generator=g)
+    return q, summ, tables, torch.tensor(lens, dtype=torch.int32), keys
+
+
+@needs_triton
+@pytest.mark.parametrize("mode", ["quest", "mean"])
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_kernel_matches_reference(mode, T, group, head_dim):
+    q, summ, tables, lens, _ = build(group, head_dim, T, seed=group + head_dim + T)
+    args = [t.to(DEVICE) for t in (q, summ, tables, lens)]
+    out = page_scores(*args, 16, 2, mode=mode, block=8, use_triton=True)
+    ref = page_scores_reference(*args, 16, 2, mode)
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite, torch.isfinite(out))
+    assert torch.allclose(out[finite], ref[finite], rtol=1e-4, atol=1e-3)
+
+
+def test_quest_score_bounds_the_best_key_and_mean_is_the_mean():
+    group, P, Hkv, D = 3, 16, 2, 64
+    q, summ, tables, lens, keys = build(group, D, 1, seed=5)
+    quest = page_scores_reference(q, summ, tables, lens, P, Hkv, "quest")
+    mean = page_scores_reference(q, summ, tables, lens, P, Hkv, "mean")
+    for b, n in enumerate(lens.tolist()):
+        for p in range(-(-n // P)):
+            rows = min(P, n - p * P)
+            page = int(tables[b, p])
+            for h in range(Hkv):
+                k = keys[page, h, :rows]
+                qg = q[b, 0, h * group : (h + 1) * group]  # [G, D]
+                best = (qg @ k.T).sum(0).max()  # the pooled score of the best key
+                assert quest[b, h, p] >= best - 1e-4
+                assert torch.allclose(mean[b, h, p], (qg @ k.mean(0)).sum(), atol=1e-4)
+
+
+def test_selection_keeps_sinks_window_and_top_scores():
+    scores = torch.tensor([[[0.0, 9.0, 1.0, 8.0, 2.0, 3.0, 0.5, 0.1]]])
+    lens = torch.tensor([8 * 16 - 3], dtype=torch.int32)  # 8 pages, the last partial
+    pages, counts = select_pages(scores, lens, 16, budget=5, sink_pages=1, window_pages=2)
+    assert counts.tolist() == [[5]]
+    assert pages[0, 0, :5].tolist() == [0, 1, 3, 6, 7]  # sink 0, window 6-7, top 1 and 3
+    # a budget over the page count takes every page; short sequences are capped
+    lens2 = torch.tensor([3 * 16], dtype=torch.int32)
+    pages, counts = select_pages(scores, lens2, 16, budget=50)
+    assert counts.tolist() == [[3]] and pages[0, 0].tolist() == [0, 1, 2]
+
+
+def test_stochastic_tail_adds_distinct_unselected_pages():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 3, 40, generator=g)
+    lens = torch.tensor([40 * 16, 25 * 16], dtype=torch.int32)
+    base, base_counts = select_pages(scores, lens, 16, budget=6)
+    more, counts = select_pages(scores, lens, 16, budget=6, tail=4, generator=g)
+    assert (counts == base_counts + 4).all()
+    for b in range(2):
+        for h in range(3):
+            got = more[b, h, : counts[b, h]].tolist()
+            assert got == sorted(set(got)) and set(base[b, h, :6].tolist()) <= set(got)
+            assert max(got) < lens[b] // 16
