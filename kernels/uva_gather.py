@@ -1,0 +1,115 @@
+"""Page gather between pools: copy page units (one page of one KV head: K rows then V rows,
+2 * P * D elements) from a source pool into slots of a destination pool.
+
+The source is the host tier: pinned host memory. With unified virtual addressing a pinned
+allocation has a device address, so the Triton kernel reads it directly over PCIe, with no
+staging copy; it runs on a bounded number of programs (`max_programs`, one per SM at most
+when used beside other work), each looping over its share of the pages. The alternative is
+`gather_copy_engine`: gather on the host into a pinned staging buffer, one DMA copy, then a
+scatter on the device.
+
+Pools are viewed as [units, 2, P, D]; `src_units[i]` goes to `dst_units[i]`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import HAS_TRITON, INTERPRET
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gather_kernel(
+        SRC, DST, SRC_IDX, DST_IDX, n,
+        E: tl.constexpr, BLOCK: tl.constexpr, NPROG: tl.constexpr,
+    ):  # fmt: skip
+        pid = tl.program_id(0)
+        o = tl.arange(0, BLOCK)
+        for i in range(pid, n, NPROG):  # persistent: each program walks its share
+            s = tl.load(SRC_IDX + i).to(tl.int64)
+            d = tl.load(DST_IDX + i).to(tl.int64)
+            for off in range(0, E, BLOCK):
+                m = off + o < E
+                x = tl.load(SRC + s * E + off + o, mask=m)
+                tl.store(DST + d * E + off + o, x, mask=m)
+
+
+class _HostPointer:
+    """A pinned host tensor as Triton sees a kernel argument: its address (which CUDA maps
+    into the device's address space) and dtype. Triton refuses CPU tensors as such."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.dtype = t, t.dtype
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()
+
+
+def _units(pool: torch.Tensor) -> torch.Tensor:
+    assert pool.dim() == 4 and pool.shape[1] == 2 and pool.is_contiguous(), pool.shape
+    return pool
+
+
+def gather_pages(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_units: torch.Tensor,
+    dst_units: torch.Tensor,
+    max_programs: int = 32,
+    block: int = 1024,
+    use_triton: bool | None = None,
+) -> None:
+    """dst[dst_units[i]] = src[src_units[i]] for every i. src [U, 2, P, D] may be pinned host
+    memory (read through UVA) when dst is on the GPU; indices are int32 on dst's device."""
+    _units(src), _units(dst)
+    assert src.shape[1:] == dst.shape[1:] and src.dtype == dst.dtype
+    assert src_units.shape == dst_units.shape and src_units.dtype == torch.int32
+    n = src_units.numel()
+    if n == 0:
+        return
+    on_gpu = dst.is_cuda
+    if not (HAS_TRITON and (use_triton if use_triton is not None else on_gpu)):
+        gather_reference(src, dst, src_units, dst_units)
+        return
+    if on_gpu and not src.is_cuda:
+        assert src.is_pinned(), "the host pool must be pinned to be read through UVA"
+        src_arg = _HostPointer(src)
+    else:
+        assert INTERPRET or src.device == dst.device
+        src_arg = src
+    E = src[0].numel()
+    nprog = max(1, min(max_programs, n))
+    _gather_kernel[(nprog,)](
+        src_arg, dst, src_units, dst_units, n, E=E, BLOCK=min(block, triton.next_power_of_2(E)),
+        NPROG=nprog,
+    )  # fmt: skip
+
+
+def gather_reference(
+    src: torch.Tensor, dst: torch.Tensor, src_units: torch.Tensor, dst_units: torch.Tensor
+) -> None:
+    rows = src.index_select(0, src_units.to(src.device).long())
+    dst.index_copy_(0, dst_units.to(dst.device).long(), rows.to(dst.device))
+
+
+def gather_copy_engine(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_units: torch.Tensor,
+    dst_units: torch.Tensor,
+    staging: torch.Tensor | None = None,
+) -> None:
+    """The copy-engine path: gather on the host into pinned `staging` (at least as many
+    units), one asynchronous host-to-device copy, then a scatter into the slots."""
+    n = src_units.numel()
+    if n == 0:
+        return
+    if staging is None:
+        staging = torch.empty((n, *src.shape[1:]), dtype=src.dtype, pin_memory=dst.is_cuda)
+    buf = staging[:n]
+    torch.index_select(src, 0, src_units.cpu().long(), out=buf)
+    dev = buf.to(dst.device, non_blocking=True)
+    dst.index_copy_(0, dst_units.to(dst.device).long(), dev)
