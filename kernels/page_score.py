@@ -161,12 +161,14 @@ def select_pages(
     window_pages: int = 2,
     tail: int = 0,
     generator: torch.Generator | None = None,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick each (sequence, head)'s pages: the sinks (first pages), the local window (last
     pages), then the top-scoring others up to `budget` pages in all, plus `tail` more drawn
     at random in proportion to exp(score) from the rest (vAttention-style). Returns
     (pages [B, Hkv, K] int32 in ascending order, counts [B, Hkv] int32); entries past a
-    count are 0."""
+    count are 0. `width` fixes K (at least budget + tail) so nothing waits for the host and
+    the call can be captured in a CUDA graph; by default K is the largest count."""
     B, Hkv, M = scores.shape
     n_pages = (kv_lens.long() + page_size - 1) // page_size  # [B]
     idx = torch.arange(M, device=scores.device)
@@ -178,9 +180,23 @@ def select_pages(
     s = torch.where(forced[:, None, :], torch.full_like(s, float("inf")), s)
     k = min(M, budget)
     top = torch.topk(s, k, dim=-1)
+    if tail == 0:  # the top-k set is the selection: sort its k indices only
+        keep = top.values > float("-inf")
+        counts = keep.sum(-1).to(torch.int32)
+        idx_sorted = torch.sort(torch.where(keep, top.indices, M), dim=-1).values
+        if width is None:
+            width = max(1, int(counts.max()))
+        width = min(width, M)
+        if width > k:
+            pad = torch.full((B, Hkv, width - k), M, device=scores.device, dtype=idx_sorted.dtype)
+            idx_sorted = torch.cat([idx_sorted, pad], -1)
+        idx_sorted = idx_sorted[..., :width]
+        return torch.where(idx_sorted < M, idx_sorted, 0).to(torch.int32), counts
     chosen = torch.zeros(B, Hkv, M, dtype=torch.bool, device=scores.device)
     chosen.scatter_(-1, top.indices, torch.isfinite(top.values) | (top.values == float("inf")))
     chosen &= valid[:, None, :]
+    if tail > 0 and width is not None:
+        raise ValueError("the stochastic tail needs the host (multinomial); leave width unset")
     if tail > 0:
         rest = valid[:, None, :] & ~chosen
         top_rest = scores.masked_fill(~rest, float("-inf")).amax(-1, keepdim=True)
@@ -199,7 +215,9 @@ def select_pages(
             flat = chosen.reshape(B * Hkv, M)
             flat[has] |= extra
     counts = chosen.sum(-1).to(torch.int32)
-    width = max(1, int(counts.max()))
+    if width is None:
+        width = max(1, int(counts.max()))
+    width = min(width, M)
     # ascending page order: the selected indices first (stable sort on "not chosen")
     order = torch.sort((~chosen).to(torch.int8), dim=-1, stable=True).indices[..., :width]
     pages = torch.where(torch.arange(width, device=scores.device) < counts[..., None], order, 0).to(
