@@ -199,7 +199,7 @@ def attention_speed(contexts, rows: list) -> None:
                     "x_torch_gather": t_gather / t_kernel,
                 })  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
-            del kv, kd, k_dense, v_dense, summ
+            kv = kd = k_dense = v_dense = summ = None  # free before the next size
             torch.cuda.empty_cache()
 
 
@@ -264,7 +264,7 @@ def gather_speed(rows: list) -> None:
                      "an HBM-bound copy", "gather_ms": t_g, "hbm_ms": t_hbm, "both_ms": t_both,
                      "hidden_fraction": hidden, "best_GB/s": best[0], "best_programs": best[1]})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-        del host, slots, staging, a, b
+        host = slots = staging = a = b = None  # free before the next page size
         torch.cuda.empty_cache()
 
 
