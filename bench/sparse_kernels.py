@@ -97,7 +97,7 @@ def check_correctness(rows: list) -> None:
         r = page_scores_reference(q, summ, tables.cuda(), lens, P, HKV, mode)
         fin = torch.isfinite(r)
         err = ((a - r).abs()[fin] / r.abs()[fin].clamp(min=1)).max().item()
-        rows.append((f"page scores ({mode}) vs reference, 32K", err, err < 1e-3))
+        rows.append((f"page scores ({mode}, TF32) vs reference, 32K", err, err < 1e-2))
     host = torch.randn(4096, 2, P, D, generator=g).to(DT).pin_memory()
     dst, ref = (
         torch.zeros(512, 2, P, D, dtype=DT).cuda(),
@@ -188,13 +188,23 @@ def attention_speed(contexts, rows: list) -> None:
                     vv = pk[:, :, 1].reshape(B * HKV, 1, k * P, D)
                     torch.nn.functional.scaled_dot_product_attention(qg, kk, vv, enable_gqa=True)
 
+                def scoring():
+                    page_scores(q, summ, tables, lens, P, HKV, "quest")
+
+                scores = page_scores(q, summ, tables, lens, P, HKV, "quest")
+
+                def selection():
+                    select_pages(scores, lens, P, k, width=k)
+
                 t_kernel = graph_time(kernel)
                 t_sel = graph_time(selected)
+                t_score, t_select = graph_time(scoring), graph_time(selection)
                 t_gather = graph_time(torch_gather)
                 rows.append({
                     "context": N, "batch": B, "budget": frac, "pages": k,
                     "dense_ms": t_dense, "kernel_ms": t_kernel, "with_selection_ms": t_sel,
-                    "torch_gather_sdpa_ms": t_gather,
+                    "torch_gather_sdpa_ms": t_gather, "scoring_ms": t_score,
+                    "topk_selection_ms": t_select,
                     "x_dense_kernel": t_dense / t_kernel, "x_dense_selection": t_dense / t_sel,
                     "x_torch_gather": t_gather / t_kernel,
                 })  # fmt: skip
@@ -238,32 +248,34 @@ def gather_speed(rows: list) -> None:
         # hidden fraction: the gather on a side stream beside an HBM-bound copy
         a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
         b = torch.empty_like(a)
-        progs = 16
         side = torch.cuda.Stream()
 
         def hbm():
             for _ in range(8):
                 b.copy_(a)
 
-        def gather():
-            gather_pages(host, slots, sic, dic, max_programs=progs)
-
         t_hbm = event_time(hbm, 3)
-        t_g = event_time(gather, 3)
+        for progs in (8, 16, 32, 66):
 
-        def both():
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                gather()
-            hbm()
-            torch.cuda.current_stream().wait_stream(side)
+            def gather(p=progs):
+                gather_pages(host, slots, sic, dic, max_programs=p)
 
-        t_both = event_time(both, 3)
-        hidden = max(0.0, min(1.0, (t_hbm + t_g - t_both) / t_g))
-        rows.append({"what": f"UVA gather {page_bytes // 1024} KB pages ({progs} programs) beside "
-                     "an HBM-bound copy", "gather_ms": t_g, "hbm_ms": t_hbm, "both_ms": t_both,
-                     "hidden_fraction": hidden, "best_GB/s": best[0], "best_programs": best[1]})  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
+            t_g = event_time(gather, 3)
+
+            def both(gather=gather):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    gather()
+                hbm()
+                torch.cuda.current_stream().wait_stream(side)
+
+            t_both = event_time(both, 3)
+            hidden = max(0.0, min(1.0, (t_hbm + t_g - t_both) / t_g))
+            rows.append({"what": f"UVA gather {page_bytes // 1024} KB pages ({progs} programs) "
+                         "beside an HBM-bound copy", "gather_ms": t_g, "hbm_ms": t_hbm,
+                         "both_ms": t_both, "hidden_fraction": hidden,
+                         "gather_GB/s_alone": n * page_bytes / t_g / 1e6})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
         host = slots = staging = a = b = None  # free before the next page size
         torch.cuda.empty_cache()
 

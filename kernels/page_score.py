@@ -35,6 +35,7 @@ if HAS_TRITON:
         s_btb, s_ob, s_oh,
         HKV: tl.constexpr, G: tl.constexpr, T: tl.constexpr, R: tl.constexpr,
         D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr,
+        IEEE: tl.constexpr,
     ):  # fmt: skip
         bh = tl.program_id(0)
         blk = tl.program_id(1)
@@ -57,15 +58,26 @@ if HAS_TRITON:
         ).to(tl.float32)
         base = SUMM + unit[:, None] * s_sn + d[None, :]
         if MODE == 0:
+            # sum_d max(q_d kmin_d, q_d kmax_d) = max(q, 0) . kmax + min(q, 0) . kmin:
+            # two matrix products instead of an [R, BLOCK, D] elementwise tensor
             kmin = tl.load(base, mask=p_mask[:, None], other=0.0)
             kmax = tl.load(base + s_sr, mask=p_mask[:, None], other=0.0)
-            q3 = q[:, None, :]
-            s = tl.sum(tl.maximum(q3 * kmin[None, :, :], q3 * kmax[None, :, :]), 2)  # [R, BLOCK]
+            qp = tl.maximum(q, 0.0)
+            qn = tl.minimum(q, 0.0)
+            if IEEE:
+                s = tl.dot(qp, tl.trans(kmax), input_precision="ieee") + tl.dot(
+                    qn, tl.trans(kmin), input_precision="ieee"
+                )  # [R, BLOCK]
+            else:  # TF32: scores only rank pages
+                s = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
         else:
             ksum = tl.load(base + 2 * s_sr, mask=p_mask[:, None], other=0.0)
             n = tl.minimum(length - p * P, P).to(tl.float32)
             kmean = ksum / tl.maximum(n, 1.0)[:, None]
-            s = tl.sum(q[:, None, :] * kmean[None, :, :], 2)
+            if IEEE:
+                s = tl.dot(q, tl.trans(kmean), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kmean))
         best = tl.full([BLOCK], float("-inf"), tl.float32)
         for t in tl.static_range(T):
             pooled = tl.sum(tl.where((t_of == t)[:, None] & r_mask[:, None], s, 0.0), 0)
@@ -99,6 +111,7 @@ def page_scores(
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
         return page_scores_reference(q, summ, block_tables, kv_lens, page_size, kv_heads, mode)
     G = Hq // kv_heads
+    assert block >= 16, "tl.dot needs blocks of at least 16 pages"
     n_blocks = triton.cdiv(M, block)
     out = torch.empty(B, kv_heads, n_blocks * block, device=q.device, dtype=torch.float32)
     _page_score_kernel[(B * kv_heads, n_blocks)](
@@ -107,7 +120,7 @@ def page_scores(
         summ.stride(0), summ.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
         HKV=kv_heads, G=G, T=T, R=max(16, triton.next_power_of_2(G * T)), D=D,
-        P=page_size, BLOCK=block, MODE=MODES[mode],
+        P=page_size, BLOCK=block, MODE=MODES[mode], IEEE=not q.is_cuda,
     )  # fmt: skip
     return out[:, :, :M]
 

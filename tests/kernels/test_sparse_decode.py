@@ -88,7 +88,7 @@ def test_reference_with_every_page_is_dense_causal_attention(T):
 def test_empty_splits_and_one_page_lists():
     # many splits for few pages: most splits see nothing and must weigh zero
     q, kv, units, pages, counts, lens, _ = make_case(4, 64, 1, torch.float32, 3, lens=(3, 16, 17))
-    args = (q, kv, units, pages, counts, lens, 0.125)
-    out = sparse_decode_attention(*args, num_splits=8, block_pages=1, use_triton=True)
+    args = [t.to(DEVICE) for t in (q, kv, units, pages, counts, lens)]
+    out = sparse_decode_attention(*args, 0.125, num_splits=8, block_pages=1, use_triton=True)
     assert torch.isfinite(out).all()
-    assert (out - sparse_decode_reference(*args)).abs().max().item() < 1e-4
+    assert (out - sparse_decode_reference(*args, 0.125)).abs().max().item() < 1e-4

@@ -66,13 +66,20 @@ def test_append_matches_reference(with_gpu):
     Hkv, D, P, U = 3, 64, 16, 8 * 3
     k, v, pages, offs, slots = append_case(Hkv=Hkv, D=D, P=P)
     results = []
+    dev = torch.device(DEVICE)
+    k, v, pages, offs, slots = (t.to(dev) for t in (k, v, pages, offs, slots))
     for use_triton in (True, False):
         host = torch.zeros(U, 2, P, D)
-        gpu = torch.zeros(6, 2, P, D) if with_gpu else None
-        summ = empty_summaries(U, D)
+        host = host.pin_memory() if DEVICE == "cuda" else host  # the host tier, via UVA
+        gpu = torch.zeros(6, 2, P, D, device=dev) if with_gpu else None
+        summ = empty_summaries(U, D, dev)
         append_kv(k, v, host, gpu, pages, offs, slots if with_gpu else None, summ,
                   use_triton=use_triton)  # fmt: skip
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
         results.append((host, gpu, summ))
+    k, v = k.cpu(), v.cpu()
+    results = [(h, None if g is None else g.cpu(), s.cpu()) for h, g, s in results]
     (h1, g1, s1), (h2, g2, s2) = results
     assert torch.equal(h1, h2) and torch.allclose(s1, s2, atol=1e-5)
     if with_gpu:
