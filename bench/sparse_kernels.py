@@ -188,8 +188,15 @@ def attention_speed(contexts, rows: list) -> None:
                     vv = pk[:, :, 1].reshape(B * HKV, 1, k * P, D)
                     torch.nn.functional.scaled_dot_product_attention(qg, kk, vv, enable_gqa=True)
 
-                def scoring():
-                    page_scores(q, summ, tables, lens, P, HKV, "quest")
+                def scoring(block=16, mode="quest"):
+                    page_scores(q, summ, tables, lens, P, HKV, mode, block=block)
+
+                if frac == 0.02:
+                    for mode in ("quest", "mean"):
+                        for blk in (16, 32, 64, 128):
+                            t = graph_time(lambda blk=blk, mode=mode: scoring(blk, mode))
+                            print(json.dumps({"context": N, "batch": B, "scoring": mode,
+                                              "block": blk, "ms": t}), flush=True)  # fmt: skip
 
                 scores = page_scores(q, summ, tables, lens, P, HKV, "quest")
 
