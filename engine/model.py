@@ -62,6 +62,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         # rotate q and k, and append k and v to the paged cache
         q, k = rope_kv(q, k, v, ctx.cos, ctx.sin, kv, ctx.slot_pages, ctx.slot_offsets)
+        if ctx.tiers is not None:
+            ctx.tiers.after_append(self.layer_idx, k, v, ctx.slot_pages, ctx.slot_offsets)
+            if ctx.tier_tables is not None:  # a decode step: sparse over the tiers
+                B = ctx.tier_tables.shape[0]
+                o = ctx.tiers.attend(
+                    self.layer_idx, q.view(B, T // B, *q.shape[1:]), ctx.tier_tables,
+                    ctx.tier_lens, self.scale,
+                )  # fmt: skip
+                return self.o_proj.forward(o.reshape(T, self.q_size))
         o = paged_attention(q, k, v, kv, ctx, self.scale, self.layer_idx)  # [T, Hq, D]
         return self.o_proj.forward(o.reshape(T, self.q_size))
 

@@ -40,9 +40,17 @@ class ModelRunner:
         # CPU attention reads a contiguous per-sequence copy instead of gathering pages
         self.use_dense_kv = device.type == "cpu" and engine_cfg.cpu_dense_kv
         self.dense_kv: dict[int, DenseKV] = {}
+        self.tiers = None
+        if engine_cfg.sparse is not None:
+            from engine.kv import TieredKV
+
+            self.tiers = TieredKV(cfg, self.kv.pool, self.page_size, engine_cfg.sparse, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = (
-            engine_cfg.cuda_graphs and device.type == "cuda" and cfg.rope_type != "dynamic"
+            engine_cfg.cuda_graphs
+            and device.type == "cuda"
+            and cfg.rope_type != "dynamic"
+            and self.tiers is None  # sparse decode allocates slots on the host each step
         )
         if self.use_graphs:
             self.capture_graphs()
@@ -167,6 +175,15 @@ class ModelRunner:
         ctx.cos, ctx.sin = self.rope(
             self._to_device(positions), rope_lens if self.rope.dynamic else None
         )
+        if self.tiers is not None:
+            ctx.tiers = self.tiers
+            self.tiers.end_step()
+            n = query_lens[0]
+            if n == 1 and all(q == 1 for q in query_lens):  # a decode step
+                width = max(len(p) for p in page_lists)
+                tables = [list(p) + [0] * (width - len(p)) for p in page_lists]
+                ctx.tier_tables = self._to_device(tables, torch.int32).view(len(tables), width)
+                ctx.tier_lens = self._to_device(kv_lens, torch.int32)
         return self.model(self._to_device(ids), self.kv.layers, ctx)
 
     def _windowed(self, kv_lens: list[int]) -> bool:

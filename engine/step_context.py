@@ -27,3 +27,8 @@ class StepContext:
     sliding_window: int | None = None
     prefill_attn_dtype: torch.dtype | None = None  # fast mode: prefill attention in bf16
     dense_kv: list | None = None  # per sequence: an engine.dense_kv.DenseKV, or None (CPU)
+    # the tiered cache (engine.kv.TieredKV) when sparse decode is on, with the step's
+    # per-sequence block tables [B, max_pages] and lengths [B] (int32, device side)
+    tiers: object | None = None
+    tier_tables: torch.Tensor | None = None
+    tier_lens: torch.Tensor | None = None

@@ -1,0 +1,91 @@
+"""Sparse decode over the tiered KV cache (engine.kv) with the real default model in exact
+fp32 mode: a budget that selects every page decodes exactly as dense attention; a GPU tier
+far smaller than the context (most pages only on the host, fetched when selected) decodes
+exactly as an unlimited one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import Engine, EngineError, SamplingParams
+from engine.config import EngineConfig
+from engine.kv import SparseConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
+
+
+def load(sparse: SparseConfig | None = None) -> Engine:
+    cfg = EngineConfig(sparse=sparse)
+    return Engine.load(None, device="cpu", dtype="float32", weights="dense", config=cfg)
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    engine = load()
+    text = (ROOT / "README.md").read_text()[:3000]
+    return engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
+
+
+@pytest.fixture(scope="module")
+def dense_tokens(prompt) -> list[int]:
+    return load().generate([prompt], PARAMS)[0].token_ids
+
+
+@pytest.mark.parametrize("summary", ["quest", "mean"])
+def test_a_budget_of_every_page_is_dense_attention(prompt, dense_tokens, summary):
+    engine = load(SparseConfig(budget_fraction=1.0, summary=summary))
+    assert engine.generate([prompt], PARAMS)[0].token_ids == dense_tokens
+    stats = engine.runner.tiers.stats
+    pages = -(-(len(prompt) + 40) // 16)
+    assert stats.steps == 39 * 30  # every decode step of every layer went sparse
+    assert max(stats.per_step_selected) <= pages * 3  # pages x KV heads
+
+
+def test_a_tiny_gpu_tier_gives_the_same_tokens_as_a_large_one(prompt):
+    sparse = dict(budget_fraction=0.25)
+    large = load(SparseConfig(**sparse))
+    expected = large.generate([prompt], PARAMS)[0].token_ids
+    unit = 2 * 16 * 64 * 4  # one page of one head, fp32
+    # 60 slots per layer: the step's ~45 selected pages fit, the context's ~190 do not
+    tiny = load(SparseConfig(**sparse, gpu_kv_budget=30 * 60 * unit))
+    assert tiny.runner.tiers.num_slots == 60
+    assert tiny.generate([prompt], PARAMS)[0].token_ids == expected
+    stats = tiny.runner.tiers.stats
+    assert stats.evicted > 0 and stats.fetched > large.runner.tiers.stats.fetched
+    assert 0 < stats.fetch_fraction < 1
+    assert tiny.runner.tiers.resident_units() <= 30 * 60
+
+
+def test_a_gpu_tier_smaller_than_the_working_set_is_a_clear_error(prompt):
+    unit = 2 * 16 * 64 * 4
+    engine = load(SparseConfig(budget_fraction=0.5, gpu_kv_budget=30 * 10 * unit))
+    with pytest.raises(EngineError, match="GPU KV budget holds 10 pages per layer"):
+        engine.generate([prompt], PARAMS)
+
+
+def test_oracle_group_reuse_and_stochastic_tail_run_and_are_seeded(prompt):
+    for sparse in (
+        SparseConfig(budget_fraction=0.1, oracle=True),
+        SparseConfig(budget_fraction=0.1, layer_group=3),
+        SparseConfig(budget_tokens=128, tail_pages=4, seed=3),
+    ):
+        a = load(sparse).generate([prompt], PARAMS)[0].token_ids
+        b = load(sparse).generate([prompt], PARAMS)[0].token_ids
+        assert a == b and len(a) == 40
+
+
+def test_sparse_config_is_checked():
+    with pytest.raises(ValueError, match="budget_tokens or budget_fraction"):
+        SparseConfig()
+    with pytest.raises(ValueError, match="budget_fraction"):
+        SparseConfig(budget_fraction=1.5)
+    with pytest.raises(ValueError, match="summary"):
+        SparseConfig(budget_fraction=0.1, summary="median")
+    assert SparseConfig(budget_tokens=100).budget_pages(1000, 16) == 7
+    assert SparseConfig(budget_fraction=0.02).budget_pages(1000, 16) == 20
+    assert SparseConfig(budget_fraction=0.001).budget_pages(1000, 16) == 4  # sinks+window+1
