@@ -129,6 +129,9 @@ def run_turn(
                 usage.update(completion_tokens=completion, ttft_s=round(ttft, 4))
             if steps:
                 usage.update(steps=len(steps) + 1, tool_calls=sum(len(s.calls) for s in steps))
+            kv_stats = getattr(engine, "kv_stats", None)
+            if kv_stats is not None:  # where the context's KV lives (the meter shows it)
+                usage.update(kv_stats())
             reuse = getattr(session, "last_reuse", None)
             if reuse is not None and reuse.diverged:
                 usage["diverged_at"] = reuse.common_tokens  # the template re-rendered a turn

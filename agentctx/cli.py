@@ -11,6 +11,7 @@ import click
 from click_default_group import DefaultGroup
 
 from agentctx.agent import DEFAULT_MAX_STEPS
+from agentctx.engine_options import engine_config, kv_options
 
 
 class UserError(click.ClickException):
@@ -65,13 +66,15 @@ def cli(ctx: click.Context) -> None:
     default=None,
     help="A .gguf file, a checkpoint directory or a cached repo id.",
 )
-def tui(repo: str, model: str | None) -> None:
+@kv_options
+def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget) -> None:
     """Open the chat TUI."""
     from agentctx.tui import run_tui
     from tools.repo_files import resolve_root
 
+    config = engine_config(sparse, gpu_kv_budget, host_kv_budget)
     root = _run(lambda: str(resolve_root(repo)))
-    run_tui(repo=root, model=model)
+    run_tui(repo=root, model=model, config=config)
 
 
 @cli.command()
@@ -133,8 +136,9 @@ def tui(repo: str, model: str | None) -> None:
     show_default=True,
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
+@kv_options
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, max_steps, device, weights) -> None:  # fmt: skip
+        context_tokens, max_steps, device, weights, sparse, gpu_kv_budget, host_kv_budget) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
     from agentctx.ask import (
         history_messages,
@@ -153,6 +157,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
     if repo and book:
         raise click.UsageError("use either --repo or --book, not both")
     output = JsonOutput() if as_json else TextOutput()
+    config = engine_config(sparse, gpu_kv_budget, host_kv_budget)
     try:
         store = None if no_save and not (cont or session_ref) else _store()
         session = _find_session(store, session_ref, cont)
@@ -174,7 +179,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         )
         if not as_json:
             output.info("loading model...")
-        engine = Engine.load(model, device=device, weights=weights)
+        engine = Engine.load(model, device=device, weights=weights, config=config)
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, repetition_penalty=repeat_penalty
         )

@@ -56,6 +56,12 @@ class TextOutput:
                 f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "
                 f"time to first token {usage['ttft_s']:.2f} s ({usage['prefill_tok_s']:,.0f} tok/s prefill), "
                 f"{usage['completion_tokens']} tokens at {usage['decode_tok_s']:.1f} tok/s"
+                + (
+                    f"; sparse: {usage['selected_pages_per_step']:.0f} pages per layer-step, "
+                    f"{usage['fetch_fraction']:.1%} fetched from the host"
+                    if usage.get("selected_pages_per_step")
+                    else ""
+                )
                 + (f"; session {usage['session']}" if usage.get("session") else "")
             )
 

@@ -10,6 +10,19 @@ from __future__ import annotations
 import torch
 
 from engine.config import ModelConfig
+from engine.errors import CacheFullError
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 class KVCache:
@@ -23,7 +36,21 @@ class KVCache:
     ):
         self.num_pages, self.page_size = num_pages, page_size
         shape = (cfg.num_layers, num_pages, cfg.num_kv_heads, 2, page_size, cfg.head_dim)
-        self.pool = torch.empty(shape, dtype=dtype, device=device)
+        nbytes = self.bytes_per_page(cfg, page_size, dtype) * num_pages
+        if torch.device(device).type == "cpu":
+            available = host_memory_available()
+            if available is not None and nbytes > available:
+                raise CacheFullError(
+                    f"the KV pool needs {nbytes / 2**30:.1f} GiB of host memory and "
+                    f"{available / 2**30:.1f} GiB is available: lower --host-kv-budget"
+                )
+        try:
+            self.pool = torch.empty(shape, dtype=dtype, device=device)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            raise CacheFullError(
+                f"cannot allocate the KV pool ({nbytes / 2**30:.1f} GiB on {device}): "
+                f"{str(e).splitlines()[0]}"
+            ) from None
         self.layers = list(self.pool.unbind(0))  # per-layer views [pages, Hkv, 2, P, D]
 
     @staticmethod

@@ -474,6 +474,28 @@ class Engine:
             session.restore(snapshot)
         return session
 
+    def kv_stats(self) -> dict:
+        """Where the context's KV lives now, and what sparse decode fetched so far:
+        host_tokens (pages in use x page size), gpu_tokens (for the tiered cache: the pages
+        resident on the GPU per layer and head x page size; dense on a GPU: all of them),
+        and for sparse decode: selected pages per layer-step, host fetch fraction, bytes
+        fetched per layer-step."""
+        P = self.config.page_size
+        in_use = (self.block_manager.num_blocks - self.block_manager.num_free_blocks) * P
+        tiers = self.runner.tiers
+        if tiers is None:
+            on_gpu = self.device.type == "cuda"
+            return {"host_tokens": 0 if on_gpu else in_use, "gpu_tokens": in_use if on_gpu else 0}
+        st = tiers.stats
+        per_unit = tiers.L * tiers.Hkv
+        return {
+            "host_tokens": in_use,
+            "gpu_tokens": tiers.resident_units() * P // per_unit,
+            "selected_pages_per_step": st.selected / st.steps if st.steps else 0.0,
+            "fetch_fraction": st.fetch_fraction,
+            "fetched_bytes_per_step": st.fetched_bytes / st.steps if st.steps else 0.0,
+        }
+
     def kv_identity(self) -> dict[str, str]:
         """What KV computed by this engine depends on; a snapshot must match all of it."""
         if self._identity is None:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 
-def run_tui(repo: str | None = None, model: str | None = None) -> None:
-    """Open the TUI; returns when the user quits."""
+def run_tui(repo: str | None = None, model: str | None = None, config=None) -> None:
+    """Open the TUI; returns when the user quits. `config`: the engine's EngineConfig."""
     from agentctx.tui.app import AgentApp
 
-    AgentApp(repo=repo, model=model).run()
+    def load(name: str | None):
+        from engine import Engine
+
+        return Engine.load(name, config=config)
+
+    AgentApp(repo=repo, model=model, engine_factory=load).run()

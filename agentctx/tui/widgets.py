@@ -47,7 +47,8 @@ class LogLine(Static):
 
 
 class ContextMeter(Static):
-    """ "context T / W tokens · reused R · on GPU — · on host —", plus prefill progress."""
+    """ "context T / W tokens · reused R · on GPU G · on host H", plus prefill progress
+    (G and H: tokens of KV in each tier, from engine.kv_stats; "—" before the first turn)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
@@ -56,6 +57,8 @@ class ContextMeter(Static):
         self.reused: int | None = None
         self.prefill: str = ""
         self.label: str = ""
+        self.gpu: int | None = None  # tokens of KV on the GPU / on the host (engine.kv_stats)
+        self.host: int | None = None
 
     def on_mount(self) -> None:
         self.refresh_text()
@@ -66,6 +69,7 @@ class ContextMeter(Static):
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         self.tokens = None if prompt is None else prompt + (completion or 0)
         self.reused = usage.get("cached_tokens")
+        self.gpu, self.host = usage.get("gpu_tokens"), usage.get("host_tokens")
         self.window = window if window is not None else self.window
         self.prefill = ""
         self.refresh_text()
@@ -87,7 +91,7 @@ class ContextMeter(Static):
 
         text = (
             f"context {n(self.tokens)} / {n(self.window)} tokens · reused {n(self.reused)}"
-            " · on GPU — · on host —"
+            f" · on GPU {n(self.gpu)} · on host {n(self.host)}"
         )
         if self.prefill:
             text += f"  │  {self.prefill}"

@@ -126,3 +126,30 @@ def test_usage_error_exits_2():
     proc = agentctx("ask")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sparse_decode_over_a_small_gpu_tier(small_repo):
+    result = agentctx(
+        "ask", "What does this repository do?", "--repo", str(small_repo), "--no-save",
+        "--max-tokens", "12", "--sparse", "25%", "--gpu-kv-budget", "40MB", "--weights", "dense",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "sparse: " in result.stderr and "fetched from the host" in result.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sparse", "lots"], "Invalid value for --sparse"),
+    (["--sparse", "150%"], "budget_fraction must be in (0, 1]"),
+    (["--gpu-kv-budget", "2GB"], "a GPU KV budget needs --sparse"),
+    (["--sparse", "2%", "--gpu-kv-budget", "many"], "not a size"),
+])  # fmt: skip
+def test_bad_kv_options_are_usage_errors(args, needle):
+    result = agentctx("ask", "hi", *args)
+    assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_host_kv_budget_beyond_memory_is_one_clear_line(small_repo):
+    result = agentctx("ask", "hi", "--repo", str(small_repo), "--host-kv-budget", "9000GiB")
+    assert_one_line_error(result, "host memory", "lower --host-kv-budget")

@@ -1,0 +1,58 @@
+"""Command-line options that shape the engine's KV cache: sparse decode over the tiered
+cache, and the byte budgets of its tiers."""
+
+from __future__ import annotations
+
+import click
+
+from agentctx.kv_snapshots import BudgetError, parse_size
+
+
+def kv_options(f):
+    """--sparse, --gpu-kv-budget and --host-kv-budget, for `ask` and `tui`."""
+    f = click.option(
+        "--host-kv-budget",
+        default=None,
+        help="Bytes of host memory for the KV pool, e.g. 64GiB (default: sized from the window).",
+    )(f)
+    f = click.option(
+        "--gpu-kv-budget",
+        default=None,
+        help="Bytes of GPU memory for the sparse working set, e.g. 24GiB (needs --sparse).",
+    )(f)
+    f = click.option(
+        "--sparse",
+        default=None,
+        metavar="BUDGET",
+        help="Sparse decode attention reading BUDGET of each sequence's pages: 2% or 4096 (tokens).",
+    )(f)
+    return f
+
+
+def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None):
+    """An EngineConfig for the options (None when all are left out); bad values raise
+    click.BadParameter (exit 2)."""
+    if sparse is None and gpu_kv_budget is None and host_kv_budget is None:
+        return None
+    from engine.config import EngineConfig
+    from engine.kv import SparseConfig
+
+    sparse_cfg = None
+    if sparse is not None:
+        try:
+            if sparse.strip().endswith("%"):
+                sparse_cfg = SparseConfig(budget_fraction=float(sparse.strip()[:-1]) / 100)
+            else:
+                sparse_cfg = SparseConfig(budget_tokens=int(sparse))
+        except ValueError as e:
+            raise click.BadParameter(f"{sparse!r}: use a percentage (2%) or tokens ({e})",
+                                     param_hint="--sparse") from None  # fmt: skip
+    elif gpu_kv_budget is not None:
+        raise click.BadParameter("a GPU KV budget needs --sparse", param_hint="--gpu-kv-budget")
+    try:
+        if gpu_kv_budget is not None:
+            sparse_cfg.gpu_kv_budget = parse_size(gpu_kv_budget)
+        host = parse_size(host_kv_budget) if host_kv_budget is not None else None
+    except BudgetError as e:
+        raise click.BadParameter(str(e)) from None
+    return EngineConfig(sparse=sparse_cfg, kv_cache_memory=host)
