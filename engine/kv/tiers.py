@@ -82,6 +82,14 @@ class TierStats:
     fetched_bytes: int = 0
     evicted: int = 0
     per_step_selected: list[int] = field(default_factory=list)
+    # page-selection locality: of the pages selected at a layer, how many that layer had
+    # selected at the step before (for the same sequence slot and head)
+    locality_hits: int = 0
+    locality_total: int = 0
+
+    @property
+    def locality(self) -> float:
+        return self.locality_hits / self.locality_total if self.locality_total else 0.0
 
     @property
     def fetch_fraction(self) -> float:
@@ -115,6 +123,7 @@ class TieredKV:
         self.clock = 0
         self.stats = TierStats()
         self._group_selection: tuple | None = None
+        self._previous: dict[int, tuple] = {}  # layer -> (page ids [B, Hkv, K], valid)
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
 
     # -- sizes for the meter ----------------------------------------------------------------
@@ -194,11 +203,24 @@ class TieredKV:
             q.contiguous(), self.slots[layer], slot_lists, pages.to(torch.int32), counts,
             kv_lens.to(torch.int32), scale,
         )  # fmt: skip
+        self._track_locality(layer, page_ids.view(B, Hkv, -1), valid)
         n_sel = int(counts.sum())
         self.stats.steps += 1
         self.stats.selected += n_sel
         self.stats.per_step_selected.append(n_sel)
         return out
+
+    def _track_locality(self, layer: int, page_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        prev = self._previous.get(layer)
+        self._previous[layer] = (page_ids, valid)
+        if prev is None or prev[0].shape[:2] != page_ids.shape[:2]:
+            return
+        p_ids, p_valid = prev
+        # [B, Hkv, K, K'] matches of this step's pages against the last step's
+        same = (page_ids[..., :, None] == p_ids[..., None, :]) & p_valid[..., None, :]
+        hit = same.any(-1) & valid
+        self.stats.locality_hits += int(hit.sum())
+        self.stats.locality_total += int(valid.sum())
 
     def _ensure_resident(self, layer: int, units: torch.Tensor) -> torch.Tensor:
         """Slots of `units` (every one of them resident afterwards); missing ones are taken

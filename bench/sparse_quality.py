@@ -1,0 +1,227 @@
+"""Sparse decode quality against dense, on the real default model (CPU), ~7K-token documents.
+
+python -m bench.sparse_quality [--tokens 6912] [--scored 256] [--positions 20] [--json F]
+
+For page budgets of 2, 5, 10 and 20% of the context, with Quest (min/max) summaries, mean
+summaries, and Quest with a stochastic tail (a quarter of the budget sampled in proportion to
+exp(score), the rest top-k), against dense attention:
+- perplexity of `--scored` tokens of a novel after `--tokens` tokens of it, teacher-forced
+  one decode step at a time (sparse attention applies to decode steps; prefill is dense);
+- greedy agreement: how often the sparse argmax at those steps equals the dense argmax;
+- page-selection locality: the fraction of a layer's selected pages that it selected at the
+  previous step;
+- passkey retrieval: a five-digit key hidden at `--positions` depths of a novel excerpt,
+  asked for after the document (user: document; assistant: "I have read it."; user:
+  the question); 12 greedy tokens; a hit if the key's digits appear in them.
+
+The dense prefill is computed once per document and shared by every configuration; each
+configuration's decode steps overwrite the KV after the prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "books" / "moby_dick.txt"
+
+
+def configs():
+    from engine.kv import SparseConfig
+
+    out = [("dense", None)]
+    for frac in (0.02, 0.05, 0.10, 0.20):
+        out.append((f"quest {frac:.0%}", SparseConfig(budget_fraction=frac)))
+        out.append((f"mean {frac:.0%}", SparseConfig(budget_fraction=frac, summary="mean")))
+        out.append((f"quest+tail {frac:.0%}", ("tail", frac)))
+    return out
+
+
+def resolve(cfg, n_pages: int):
+    """A tail config: three quarters of the budget top-k, one quarter sampled."""
+    from engine.kv import SparseConfig
+
+    if isinstance(cfg, tuple):
+        total = max(4, math.ceil(cfg[1] * n_pages))
+        tail = max(1, total // 4)
+        return SparseConfig(budget_tokens=(total - tail) * 16, tail_pages=tail, seed=0)
+    return cfg
+
+
+class Runner:
+    """Drive the engine's model runner for one sequence: dense chunked prefill, then
+    single-token steps (sparse when the tiers have a config)."""
+
+    def __init__(self, engine, ids: list[int]) -> None:
+        from engine.sequence import Sequence
+
+        self.engine, self.runner, self.P = engine, engine.runner, engine.config.page_size
+        bm = engine.block_manager
+        bm.reset_prefix_cache()
+        self.seq = Sequence(list(ids))
+        caching, bm.enable_prefix_caching = bm.enable_prefix_caching, False
+        bm.allocate(self.seq)
+        bm.enable_prefix_caching = caching
+        self.tiers = self.runner.tiers
+
+    def close(self) -> None:
+        self.engine.block_manager.free(self.seq)
+
+    def forward(self, ids: list[int], start: int) -> torch.Tensor:
+        P, bt = self.P, self.seq.block_table
+        end = start + len(ids)
+        with torch.inference_mode():
+            hidden = self.runner.eager_hidden(
+                ids, list(range(start, end)), [bt[p // P] for p in range(start, end)],
+                [p % P for p in range(start, end)], [end] * len(ids), [len(ids)], [end],
+                [bt[: -(-end // P)]],
+            )  # fmt: skip
+            return self.engine.model.compute_logits(hidden[-1:])[0].float()
+
+    def prefill(self, n: int, chunk: int = 512) -> torch.Tensor:
+        self.runner.tiers = self.tiers
+        ids = self.seq.token_ids
+        for s in range(0, n, chunk):
+            logits = self.forward(ids[s : min(n, s + chunk)], s)
+        return logits
+
+    def use(self, cfg) -> None:
+        """Dense (None) or a sparse config for the next steps; stats and locality reset."""
+        from engine.kv import TierStats
+
+        self.runner.tiers = None if cfg is None else self.tiers
+        if cfg is not None:
+            self.tiers.sparse = cfg
+            self.tiers.stats = TierStats()
+            self.tiers._previous = {}
+            self.tiers._gen.manual_seed(cfg.seed)
+
+    def rebuild_summary(self, n_prompt: int) -> None:
+        """The prompt's last page may be partial: drop rows a previous run appended after
+        the prompt from its summaries (and its stale slots), keeping the prompt's rows."""
+        from kernels.page_score import reset_summaries
+
+        P, t = self.P, self.tiers
+        rows = n_prompt % P
+        if rows == 0:
+            return
+        page = self.seq.block_table[n_prompt // P]
+        units = torch.arange(t.Hkv) + page * t.Hkv
+        for layer in range(t.L):
+            reset_summaries(t.summ[layer], units)
+            t._drop(layer, units)
+            k = t.host[layer, page, :, 0, :rows].float()  # [Hkv, rows, D]
+            s = t.summ[layer]
+            s[units, 0], s[units, 1], s[units, 2] = k.amin(1), k.amax(1), k.sum(1)
+
+
+def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: list) -> None:
+    ids = text_ids[: n_ctx + n_scored + 1]
+    run = Runner(engine, ids)
+    run.prefill(n_ctx)
+    n_pages = -(-n_ctx // 16)
+    dense_argmax = None
+    for name, cfg in configs():
+        cfg = resolve(cfg, n_pages)
+        run.use(cfg)
+        t = time.perf_counter()
+        nll, argmax = 0.0, []
+        for pos in range(n_ctx, n_ctx + n_scored):
+            logits = run.forward([ids[pos]], pos)
+            nll -= torch.log_softmax(logits, -1)[ids[pos + 1]].item()
+            argmax.append(int(logits.argmax()))
+        if dense_argmax is None:
+            dense_argmax = argmax
+        row = {
+            "config": name,
+            "perplexity": math.exp(nll / n_scored),
+            "greedy_agreement": sum(a == b for a, b in zip(argmax, dense_argmax, strict=True))
+            / n_scored,
+            "seconds": time.perf_counter() - t,
+        }
+        if cfg is not None:
+            st = run.tiers.stats
+            row.update(locality=st.locality, pages_per_step=st.selected / max(st.steps, 1) / 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    run.close()
+
+
+def passkey(engine, text_ids: list[int], n_ctx: int, positions: int, rows: list) -> None:
+    rng = random.Random(0)
+    tok = engine.tokenizer
+    names = [name for name, _ in configs()]
+    hits = {name: 0 for name in names}
+    for i in range(positions):
+        key = str(rng.randrange(10000, 100000))
+        needle = tok.encode(f" The pass key is {key}. Remember it. {key} is the pass key. ",
+                            add_special_tokens=False)  # fmt: skip
+        depth = int((i + 0.5) / positions * (n_ctx - len(needle) - 200))
+        body = text_ids[:depth] + needle + text_ids[depth : n_ctx - len(needle) - 200]
+        messages = [
+            {"role": "user", "content": tok.decode(body)},
+            {"role": "assistant", "content": "I have read it."},
+            {"role": "user", "content": "What is the pass key? Answer with the number only."},
+        ]
+        ids = engine.chat_tokens(messages)
+        run = Runner(engine, ids + [0] * 12)
+        run.prefill(len(ids) - 1)
+        n_pages = -(-len(ids) // 16)
+        for name, cfg in configs():
+            run.use(resolve(cfg, n_pages))
+            run.rebuild_summary(len(ids) - 1)
+            out, last = [], ids[-1]
+            for step in range(12):
+                logits = run.forward([last], len(ids) - 1 + step)
+                last = int(logits.argmax())
+                out.append(last)
+            answer = tok.decode(out)
+            hits[name] += key in answer.replace(" ", "")
+        run.close()
+        print(json.dumps({"position": i, "depth": depth, "key": key,
+                          "hits_so_far": hits}), flush=True)  # fmt: skip
+    for name in names:
+        rows.append({"config": name, "passkey_accuracy": hits[name] / positions})
+
+
+def main() -> None:
+    from engine import Engine
+    from engine.config import EngineConfig
+    from engine.kv import SparseConfig
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=6912, help="context before the scored tokens")
+    ap.add_argument("--scored", type=int, default=256)
+    ap.add_argument("--positions", type=int, default=20)
+    ap.add_argument("--weights", default="auto")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    cfg = EngineConfig(sparse=SparseConfig(budget_fraction=1.0), max_num_batched_tokens=512)
+    engine = Engine.load(None, device="cpu", weights=args.weights, config=cfg)
+    text = BOOK.read_text(encoding="utf-8")[200_000:]  # past the front matter
+    text_ids = engine.encode(text)[: args.tokens + args.scored + 8]
+    ppl, keys = [], []
+    perplexity(engine, text_ids, args.tokens, args.scored, ppl)
+    if args.positions:
+        passkey(engine, text_ids, args.tokens, args.positions, keys)
+    acc = {r["config"]: r["passkey_accuracy"] for r in keys}
+    print(f"\n{'config':18s} {'perplexity':>10s} {'greedy agree':>12s} {'locality':>9s}"
+          f" {'pages/step':>10s} {'passkey':>8s}")  # fmt: skip
+    for r in ppl:
+        print(f"{r['config']:18s} {r['perplexity']:10.3f} {r['greedy_agreement']:12.1%}"
+              f" {r.get('locality', float('nan')):9.1%} {r.get('pages_per_step', float('nan')):10.1f}"
+              f" {acc.get(r['config'], float('nan')):8.0%}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "weights": engine.weights_mode, "perplexity": ppl,
+                       "passkey": keys}, f, indent=2)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
