@@ -203,14 +203,33 @@ def attention_speed(contexts, rows: list) -> None:
                 def selection():
                     select_pages(scores, lens, P, k, width=k)
 
+                def shared4():  # one selection serving a group of 4 layers
+                    s = page_scores(q, summ, tables, lens, P, HKV, "quest")
+                    pg, cn = select_pages(s, lens, P, k, width=k)
+                    uu = (base + pg).to(torch.int32)
+                    for _ in range(4):
+                        sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
+
+                def mean_selected():
+                    s = page_scores(q, summ, tables, lens, P, HKV, "mean")
+                    pg, cn = select_pages(s, lens, P, k, width=k)
+                    uu = (base + pg).to(torch.int32)
+                    sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
+
                 t_kernel = graph_time(kernel)
                 t_sel = graph_time(selected)
+                t_shared4 = graph_time(shared4) / 4
+                t_mean_sel = graph_time(mean_selected)
                 t_score, t_select = graph_time(scoring), graph_time(selection)
                 t_gather = graph_time(torch_gather)
                 rows.append({
                     "context": N, "batch": B, "budget": frac, "pages": k,
                     "dense_ms": t_dense, "kernel_ms": t_kernel, "with_selection_ms": t_sel,
                     "torch_gather_sdpa_ms": t_gather, "scoring_ms": t_score,
+                    "with_mean_selection_ms": t_mean_sel,
+                    "x_dense_mean_selection": t_dense / t_mean_sel,
+                    "selection_shared_by_4_layers_ms_per_layer": t_shared4,
+                    "x_dense_shared4": t_dense / t_shared4,
                     "topk_selection_ms": t_select,
                     "x_dense_kernel": t_dense / t_kernel, "x_dense_selection": t_dense / t_sel,
                     "x_torch_gather": t_gather / t_kernel,

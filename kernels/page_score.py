@@ -94,12 +94,13 @@ def page_scores(
     page_size: int,
     kv_heads: int,
     mode: str = "quest",
-    block: int = 16,
+    block: int = 32,
     use_triton: bool | None = None,
 ) -> torch.Tensor:
     """q [B, T, Hq, D]; summ [pages * Hkv, 3, D] fp32; block_tables [B, M] int32 (the
     sequences' page ids); kv_lens [B] int32. Returns scores [B, Hkv, M] fp32, -inf past
-    each sequence's pages."""
+    each sequence's pages. `block`: pages per program (32 was fastest on the H200 at 128K,
+    batch 8: 0.14 ms against 0.38 ms with 16 and 0.18 ms with 64)."""
     B, T, Hq, D = q.shape
     N, three, Ds = summ.shape
     M = block_tables.shape[1]
