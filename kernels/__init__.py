@@ -13,3 +13,15 @@ try:  # triton is absent on CPU-only installs; the references serve there
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - depends on the install
     HAS_TRITON = False
+
+
+class HostPointer:
+    """A pinned host tensor as Triton sees a kernel argument: its address (which CUDA maps
+    into the device's address space, unified virtual addressing) and its dtype. Triton
+    refuses CPU tensors themselves."""
+
+    def __init__(self, t) -> None:
+        self.t, self.dtype = t, t.dtype
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()

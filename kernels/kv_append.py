@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
+from kernels import HAS_TRITON, INTERPRET, HostPointer
 
 if HAS_TRITON:
     import triton
@@ -58,14 +58,6 @@ if HAS_TRITON:
         tl.atomic_add(s + 2 * s_ssr, kf)
 
 
-class _HostPointer:
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t, self.dtype = t, t.dtype
-
-    def data_ptr(self) -> int:
-        return self.t.data_ptr()
-
-
 def append_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -92,7 +84,7 @@ def append_kv(
     host_arg = host
     if k.is_cuda and not host.is_cuda:
         assert host.is_pinned(), "the host pool must be pinned to be written through UVA"
-        host_arg = _HostPointer(host)
+        host_arg = HostPointer(host)
     else:
         assert INTERPRET or host.device == k.device
     has_gpu = slots is not None

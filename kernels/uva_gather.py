@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
+from kernels import HAS_TRITON, INTERPRET, HostPointer
 
 if HAS_TRITON:
     import triton
@@ -35,17 +35,6 @@ if HAS_TRITON:
                 m = off + o < E
                 x = tl.load(SRC + s * E + off + o, mask=m)
                 tl.store(DST + d * E + off + o, x, mask=m)
-
-
-class _HostPointer:
-    """A pinned host tensor as Triton sees a kernel argument: its address (which CUDA maps
-    into the device's address space) and dtype. Triton refuses CPU tensors as such."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t, self.dtype = t, t.dtype
-
-    def data_ptr(self) -> int:
-        return self.t.data_ptr()
 
 
 def _units(pool: torch.Tensor) -> torch.Tensor:
@@ -76,7 +65,7 @@ def gather_pages(
         return
     if on_gpu and not src.is_cuda:
         assert src.is_pinned(), "the host pool must be pinned to be read through UVA"
-        src_arg = _HostPointer(src)
+        src_arg = HostPointer(src)
     else:
         assert INTERPRET or src.device == dst.device
         src_arg = src
