@@ -25,6 +25,25 @@ def gather_kv(
     return g[:, 0].reshape(hkv, n * p, d)[:, :length], g[:, 1].reshape(hkv, n * p, d)[:, :length]
 
 
+def gather_kv_from_host(
+    kv: torch.Tensor, pages: torch.Tensor, length: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gather_kv for a pool in pinned host memory: the sequence's page units are copied to
+    the GPU by the UVA gather kernel, then laid out as [Hkv, length, D]."""
+    from kernels.uva_gather import gather_pages
+
+    n_pages, hkv, _, p, d = kv.shape
+    n = pages.numel()
+    units = (pages.to(device).long()[:, None] * hkv + torch.arange(hkv, device=device)).view(-1)
+    tmp = torch.empty(n * hkv, 2, p, d, dtype=kv.dtype, device=device)
+    dst = torch.arange(n * hkv, dtype=torch.int32, device=device)
+    gather_pages(kv.view(-1, 2, p, d), tmp, units.to(torch.int32), dst, max_programs=132)
+    g = tmp.view(n, hkv, 2, p, d).permute(1, 2, 0, 3, 4)  # [Hkv, 2, n, P, D]
+    k = g[:, 0].reshape(hkv, n * p, d)[:, :length]
+    v = g[:, 1].reshape(hkv, n * p, d)[:, :length]
+    return k, v
+
+
 def causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor | None:
     """Boolean mask [q_len, kv_len] (True = attend); None when plain causal SDPA applies."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
@@ -91,6 +110,8 @@ def _attention_per_sequence(
             ks, vs = dense[i].extend(layer, kv, pages, kv_len - q_len, k[start:end], v[start:end])
         elif kv_len == q_len:  # the whole sequence is in this step: no need to read the cache
             ks, vs = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+        elif q.is_cuda and not kv.is_cuda:  # the host tier: bring the pages over first
+            ks, vs = gather_kv_from_host(kv, pages, kv_len, q.device)
         else:
             ks, vs = gather_kv(kv, pages, kv_len)
         window = ctx.sliding_window if ctx.sliding_window and kv_len > ctx.sliding_window else None

@@ -33,10 +33,14 @@ class KVCache:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        pinned: bool = False,
     ):
+        """pinned: allocate in pinned host memory (the host tier of a GPU run)."""
         self.num_pages, self.page_size = num_pages, page_size
         shape = (cfg.num_layers, num_pages, cfg.num_kv_heads, 2, page_size, cfg.head_dim)
         nbytes = self.bytes_per_page(cfg, page_size, dtype) * num_pages
+        if pinned:
+            device = torch.device("cpu")
         if torch.device(device).type == "cpu":
             available = host_memory_available()
             if available is not None and nbytes > available:
@@ -45,7 +49,7 @@ class KVCache:
                     f"{available / 2**30:.1f} GiB is available: lower --host-kv-budget"
                 )
         try:
-            self.pool = torch.empty(shape, dtype=dtype, device=device)
+            self.pool = torch.empty(shape, dtype=dtype, device=device, pin_memory=pinned)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             raise CacheFullError(
                 f"cannot allocate the KV pool ({nbytes / 2**30:.1f} GiB on {device}): "

@@ -272,6 +272,14 @@ class Engine:
         if cfg.kv_cache_memory:
             return max(1, cfg.kv_cache_memory // page_bytes)
         window_pages = -(-self.max_model_len // P)
+        if self.device.type == "cuda" and cfg.sparse is not None:
+            # the pool is the host tier (pinned host memory): room for the windows, capped at
+            # half of the host memory available
+            from engine.kv_cache import host_memory_available
+
+            avail = host_memory_available() or (8 << 30)
+            want = window_pages * cfg.max_num_seqs
+            return max(window_pages, min(want, (avail // 2) // page_bytes))
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * 0.85) - (2 << 30)  # leave room for activations and graphs

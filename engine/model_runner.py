@@ -32,7 +32,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.max_pages = -(-max_model_len // self.page_size)
         # the last page is scratch: padded rows of a CUDA-graph batch write their KV there
-        self.kv = KVCache(cfg, num_pages + 1, self.page_size, dtype, device)
+        # with sparse decode on a GPU, the pool is the host tier: pinned host memory
+        host_tier = engine_cfg.sparse is not None and device.type == "cuda"
+        self.kv = KVCache(cfg, num_pages + 1, self.page_size, dtype, device, pinned=host_tier)
         self.scratch_page = num_pages
         self.rope = RotaryEmbedding(cfg, max_model_len, device, dtype)
         self.generators: dict[int, torch.Generator] = {}

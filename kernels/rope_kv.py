@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import HAS_TRITON
+from kernels import HAS_TRITON, HostPointer
 
 if HAS_TRITON:
     import triton
@@ -75,8 +75,12 @@ def rope_kv(q, k, v, cos, sin, kv, slot_pages, slot_offsets, use_triton: bool | 
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == kv.stride(-1) == 1
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
     k_out = torch.empty(T, Hkv, D, device=q.device, dtype=q.dtype)
+    kv_arg = kv
+    if q.is_cuda and not kv.is_cuda:  # the host tier: pinned memory, written through UVA
+        assert kv.is_pinned(), "a host KV pool must be pinned to be written from the GPU"
+        kv_arg = HostPointer(kv)
     _rope_kv_kernel[(T, Hq + Hkv)](
-        q, k, v, cos, sin, slot_pages, slot_offsets, kv, out, k_out,
+        q, k, v, cos, sin, slot_pages, slot_offsets, kv_arg, out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), out.stride(0), out.stride(1), k_out.stride(0), k_out.stride(1),
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
