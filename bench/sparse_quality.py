@@ -199,6 +199,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=6912, help="context before the scored tokens")
     ap.add_argument("--scored", type=int, default=256)
     ap.add_argument("--positions", type=int, default=20)
+    ap.add_argument("--passkey-tokens", type=int, default=None, help="default: --tokens")
+    ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--weights", default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -207,14 +209,16 @@ def main() -> None:
     text = BOOK.read_text(encoding="utf-8")[200_000:]  # past the front matter
     text_ids = engine.encode(text)[: args.tokens + args.scored + 8]
     ppl, keys = [], []
-    perplexity(engine, text_ids, args.tokens, args.scored, ppl)
+    if not args.no_perplexity:
+        perplexity(engine, text_ids, args.tokens, args.scored, ppl)
     if args.positions:
-        passkey(engine, text_ids, args.tokens, args.positions, keys)
+        passkey(engine, text_ids, args.passkey_tokens or args.tokens, args.positions, keys)
     acc = {r["config"]: r["passkey_accuracy"] for r in keys}
     print(f"\n{'config':18s} {'perplexity':>10s} {'greedy agree':>12s} {'locality':>9s}"
           f" {'pages/step':>10s} {'passkey':>8s}")  # fmt: skip
-    for r in ppl:
-        print(f"{r['config']:18s} {r['perplexity']:10.3f} {r['greedy_agreement']:12.1%}"
+    for r in ppl or [{"config": k} for k in acc]:
+        print(f"{r['config']:18s} {r.get('perplexity', float('nan')):10.3f}"
+              f" {r.get('greedy_agreement', float('nan')):12.1%}"
               f" {r.get('locality', float('nan')):9.1%} {r.get('pages_per_step', float('nan')):10.1f}"
               f" {acc.get(r['config'], float('nan')):8.0%}")  # fmt: skip
     if args.json:
