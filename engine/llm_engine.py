@@ -456,7 +456,7 @@ class Engine:
         if tail:
             req.events.append(StreamEvent("token", text=tail))
         if req.session is not None:
-            req.session._finished(req.seq)
+            req.session._finished(req.seq, self.runner.dense_kv.pop(req.seq.seq_id, None))
         req.events.append(StreamEvent("done", finish_reason=req.seq.finish_reason, stats=req.stats))
         self.runner.release(req.seq.seq_id)
         del self.requests[req.seq.seq_id]

@@ -61,6 +61,7 @@ class EngineSession:
         self.snapshot_error: str | None = None  # why a snapshot was refused
         self.restored_tokens = 0  # tokens whose KV came from a snapshot
         self._active: Stream | None = None
+        self._dense_kv = None  # engine.dense_kv.DenseKV of the last turn (CPU), if any
         self.closed = False
 
     @property
@@ -101,13 +102,19 @@ class EngineSession:
         prefix = (self.blocks[:n], self.hashes[:n] if len(self.hashes) >= n else [])
         with self.engine._lock:
             req = self.engine.add_request(ids, params, session=self, prefix=prefix)
+            if self._dense_kv is not None and n:
+                # its first rows are this turn's reused prefix (the same tokens, the same KV)
+                self.engine.runner.dense_kv[req.seq.seq_id] = self._dense_kv
+            self._dense_kv = None
         self.last_reuse = ReuseInfo(len(self.token_ids), common, n * bs, len(ids))
         self._active = Stream(self.engine, req)
         return self._active
 
-    def _finished(self, seq) -> None:
+    def _finished(self, seq, dense_kv=None) -> None:
         """Called by the engine, under its lock, when this session's request ends: its
-        computed pages replace the session's previous pins."""
+        computed pages replace the session's previous pins. `dense_kv`: the CPU runner's
+        contiguous copy of the sequence's KV, handed to the next turn so it need not be
+        rebuilt from the pages."""
         if seq.kept_blocks is None:  # never scheduled (cancelled while waiting)
             return
         if self.closed:  # closed while answering: nothing to keep
@@ -115,6 +122,7 @@ class EngineSession:
             seq.kept_blocks = None
             return
         old = self.blocks
+        self._dense_kv = dense_kv
         self.blocks, self.hashes = seq.kept_blocks, seq.kept_hashes
         self.token_ids = list(seq.token_ids)
         seq.kept_blocks = None
@@ -157,7 +165,7 @@ class EngineSession:
             self._active.cancel()
         with self.engine._lock:
             self.engine.block_manager.release(self.blocks)
-            self.blocks, self.hashes = [], []
+            self.blocks, self.hashes, self._dense_kv = [], [], None
             self.engine.sessions.pop(self.id, None)
         self.closed = True
 
