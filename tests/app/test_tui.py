@@ -301,6 +301,29 @@ async def test_closing_saves_the_kv_and_resuming_restores_it(
         assert msgs[-1].timings["cached_tokens"] >= msgs[2].timings["prompt_tokens"] // 16 * 16
 
 
+async def test_meter_shows_tokens_on_the_gpu_and_on_the_host(repo, store):
+    import re
+
+    from engine.config import EngineConfig
+    from engine.kv import SparseConfig
+
+    sparse = Engine.load(
+        None, device="cpu", config=EngineConfig(sparse=SparseConfig(budget_fraction=0.25))
+    )
+    app = AgentApp(repo=str(repo), engine_factory=lambda model: sparse, store=store,
+                   params=SamplingParams(max_tokens=8))  # fmt: skip
+    async with app.run_test(size=SIZE) as pilot:
+        meter = str(app.screen.query_one(ContextMeter).render())
+        assert "on GPU — · on host —" in meter  # nothing yet
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        meter = str(app.screen.query_one(ContextMeter).render())
+        gpu, host = re.search(r"on GPU ([\d,]+) · on host ([\d,]+)", meter).groups()
+        assert int(host.replace(",", "")) > 0 and int(gpu.replace(",", "")) > 0
+        usage = store.messages(app.session.id)[-1].timings
+        assert usage["selected_pages_per_step"] > 0 and 0 <= usage["fetch_fraction"] <= 1
+
+
 # -- snapshots (deterministic: no model run, fixed store contents) -----------------------
 
 
