@@ -93,13 +93,10 @@ class Runner:
 
     def use(self, cfg) -> None:
         """Dense (None) or a sparse config for the next steps; stats and locality reset."""
-        from engine.kv import TierStats
-
         self.runner.tiers = None if cfg is None else self.tiers
         if cfg is not None:
             self.tiers.sparse = cfg
-            self.tiers.stats = TierStats()
-            self.tiers._previous = {}
+            self.tiers.reset_stats()
             self.tiers._gen.manual_seed(cfg.seed)
 
     def rebuild_summary(self, n_prompt: int) -> None:

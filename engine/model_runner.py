@@ -179,7 +179,7 @@ class ModelRunner:
         )
         if self.tiers is not None:
             ctx.tiers = self.tiers
-            self.tiers.end_step()
+            self.tiers.end_step(max(kv_lens))
             n = query_lens[0]
             if n == 1 and all(q == 1 for q in query_lens):  # a decode step
                 width = max(len(p) for p in page_lists)

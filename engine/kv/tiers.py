@@ -27,11 +27,11 @@ summaries like any other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from kernels.page_score import empty_summaries, page_scores, reset_summaries, select_pages
+from kernels.page_score import empty_summaries, page_scores, select_pages
 from kernels.sparse_decode import sparse_decode_attention
 from kernels.uva_gather import gather_pages
 
@@ -81,7 +81,7 @@ class TierStats:
     fetched: int = 0  # of those, fetched from the host (missing on the GPU)
     fetched_bytes: int = 0
     evicted: int = 0
-    per_step_selected: list[int] = field(default_factory=list)
+    max_selected: int = 0  # the most (sequence, head, page) selections of one layer-step
     # page-selection locality: of the pages selected at a layer, how many that layer had
     # selected at the step before (for the same sequence slot and head)
     locality_hits: int = 0
@@ -110,20 +110,29 @@ class TieredKV:
             self.num_slots = units
         else:
             self.num_slots = max(1, sparse.gpu_kv_budget // (self.L * self.unit_bytes))
+        # one scratch entry past the end of the slots, the summaries and the recency
+        # counters takes the writes of rows that have no slot / no reset, so appends and
+        # bookkeeping need no host round trip
+        self.scratch_slot, self.scratch_unit = self.num_slots, units
         self.slots = torch.zeros(
-            self.L, self.num_slots, 2, self.P, self.D, dtype=host_pool.dtype, device=device
+            self.L, self.num_slots + 1, 2, self.P, self.D, dtype=host_pool.dtype, device=device
         )
         self.slot_of = torch.full((self.L, units), -1, dtype=torch.int32, device=device)
-        # host-side mirrors for allocation: which unit each slot holds, and its value
+        # host-side mirrors for allocation: which unit each slot holds, and the free slots
         self.unit_in = [[-1] * self.num_slots for _ in range(self.L)]
         self.free = [list(range(self.num_slots - 1, -1, -1)) for _ in range(self.L)]
-        self.last_used = torch.zeros(self.L, self.num_slots, dtype=torch.long)
-        self.uses = torch.zeros(self.L, self.num_slots, dtype=torch.long)
-        self.summ = torch.stack([empty_summaries(units, self.D, device) for _ in range(self.L)])
+        self.last_used = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
+        self.uses = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
+        self.summ = torch.stack([empty_summaries(units + 1, self.D, device) for _ in range(self.L)])
         self.clock = 0
-        self.stats = TierStats()
+        self._stats = TierStats()
+        # device-side counters, read when `stats` is asked for
+        self._acc = torch.zeros(
+            4, dtype=torch.long, device=device
+        )  # selected, max, loc hits, loc total
         self._group_selection: tuple | None = None
         self._previous: dict[int, tuple] = {}  # layer -> (page ids [B, Hkv, K], valid)
+        self.step_max_len: int | None = None
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
 
     # -- sizes for the meter ----------------------------------------------------------------
@@ -131,34 +140,49 @@ class TieredKV:
     def resident_units(self) -> int:
         return sum(self.num_slots - len(f) for f in self.free)
 
+    @property
+    def stats(self) -> TierStats:
+        """The counters (reading the device-side ones waits for the device)."""
+        selected, top, hits, total = self._acc.tolist()
+        st = self._stats
+        st.selected, st.locality_hits, st.locality_total = selected, hits, total
+        st.max_selected = top
+        return st
+
+    def reset_stats(self) -> None:
+        self._stats = TierStats()
+        self._acc.zero_()
+        self._previous = {}
+
     # -- appends ----------------------------------------------------------------------------
 
     def after_append(self, layer: int, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor,
                      offsets: torch.Tensor) -> None:  # fmt: skip
         """The step's rows are in the host pool (k, v [T, Hkv, D] at pages/offsets): fold
         their keys into the summaries and write them to any slot their page has. A page
-        whose first row is written is a fresh page: its old summary and slots go first."""
-        Hkv = self.Hkv
-        heads = torch.arange(Hkv, device=pages.device)
-        fresh = pages[offsets == 0]
-        if fresh.numel():
-            fresh_units = (fresh.long()[:, None] * Hkv + heads).reshape(-1).to(self.device)
-            reset_summaries(self.summ[layer], fresh_units)
-            self._drop(layer, fresh_units)
-        units = (pages.long()[:, None] * Hkv + heads).reshape(-1).to(self.device)
-        kf = k.float().reshape(-1, self.D).to(self.device)
-        idx = units[:, None].expand(-1, self.D)
+        whose first row is written is a fresh page: its summary starts again. (Its slot, if
+        it has one, stays: it still holds that page of that head, and rows are written in
+        order, so every row a query can see is fresh.) No host round trip."""
+        Hkv, D = self.Hkv, self.D
+        heads = torch.arange(Hkv, device=self.device)
+        pages_d, offs = pages.to(self.device).long(), offsets.to(self.device).long()
+        units = (pages_d[:, None] * Hkv + heads).reshape(-1)  # [T * Hkv]
+        fresh = (offs == 0)[:, None].expand(-1, Hkv).reshape(-1)
         s = self.summ[layer]
+        first = torch.where(fresh, units, self.scratch_unit)
+        s[first, 0] = float("inf")
+        s[first, 1] = float("-inf")
+        s[first, 2] = 0.0
+        kf = k.float().reshape(-1, D).to(self.device)
+        idx = units[:, None].expand(-1, D)
         s[:, 0].scatter_reduce_(0, idx, kf, "amin")
         s[:, 1].scatter_reduce_(0, idx, kf, "amax")
         s[:, 2].index_add_(0, units, kf)
-        slot = self.slot_of[layer, units]
-        has = slot >= 0
-        if bool(has.any()):
-            off = offsets.long().to(self.device)[:, None].expand(-1, Hkv).reshape(-1)[has]
-            sl = slot[has].long()
-            self.slots[layer, sl, 0, off] = k.reshape(-1, self.D).to(self.device)[has]
-            self.slots[layer, sl, 1, off] = v.reshape(-1, self.D).to(self.device)[has]
+        slot = self.slot_of[layer, units].long()
+        dst = torch.where(slot >= 0, slot, self.scratch_slot)
+        off = offs[:, None].expand(-1, Hkv).reshape(-1)
+        self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
+        self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
 
     def _drop(self, layer: int, units: torch.Tensor) -> None:
         slot = self.slot_of[layer, units]
@@ -179,8 +203,8 @@ class TieredKV:
         sp, P, Hkv = self.sparse, self.P, self.Hkv
         self.clock += 1
         if layer % sp.layer_group == 0 or self._group_selection is None:
-            n_max = int(kv_lens.max())
-            budget = sp.budget_pages(-(-n_max // P), P)
+            n_max = self.step_max_len or int(kv_lens.max())
+            budget = min(sp.budget_pages(-(-n_max // P), P), block_tables.shape[1])
             if sp.oracle:
                 scores = self._oracle_scores(layer, q, block_tables, kv_lens, scale)
             else:
@@ -188,6 +212,7 @@ class TieredKV:
             pages, counts = select_pages(
                 scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
                 generator=self._gen if sp.tail_pages else None,
+                width=None if sp.tail_pages else budget,
             )  # fmt: skip
             self._group_selection = (pages, counts)
         pages, counts = self._group_selection
@@ -204,10 +229,10 @@ class TieredKV:
             kv_lens.to(torch.int32), scale,
         )  # fmt: skip
         self._track_locality(layer, page_ids.view(B, Hkv, -1), valid)
-        n_sel = int(counts.sum())
-        self.stats.steps += 1
-        self.stats.selected += n_sel
-        self.stats.per_step_selected.append(n_sel)
+        n_sel = counts.sum()
+        self._acc[0] += n_sel
+        self._acc[1] = torch.maximum(self._acc[1], n_sel)
+        self._stats.steps += 1
         return out
 
     def _track_locality(self, layer: int, page_ids: torch.Tensor, valid: torch.Tensor) -> None:
@@ -219,46 +244,46 @@ class TieredKV:
         # [B, Hkv, K, K'] matches of this step's pages against the last step's
         same = (page_ids[..., :, None] == p_ids[..., None, :]) & p_valid[..., None, :]
         hit = same.any(-1) & valid
-        self.stats.locality_hits += int(hit.sum())
-        self.stats.locality_total += int(valid.sum())
+        self._acc[2] += hit.sum()
+        self._acc[3] += valid.sum()
 
     def _ensure_resident(self, layer: int, units: torch.Tensor) -> torch.Tensor:
         """Slots of `units` (every one of them resident afterwards); missing ones are taken
-        from the free list or from the least valuable pages not needed now, and fetched."""
+        from the free list or from the least valuable pages not needed now, and fetched.
+        One host round trip: the list of missing units."""
         slot = self.slot_of[layer, units]
-        missing = units[slot < 0]
-        if missing.numel():
-            need = torch.unique(missing).tolist()
-            protect = set(slot[slot >= 0].tolist())
-            taken = self._take_slots(layer, len(need), protect)
+        need = [u for u in torch.unique(torch.where(slot < 0, units, -1)).tolist() if u >= 0]
+        if need:
+            taken = self._take_slots(layer, len(need), slot)
             src = torch.tensor(need, dtype=torch.int32, device=self.device)
             dst = torch.tensor(taken, dtype=torch.int32, device=self.device)
-            gather_pages(self.host_units[layer], self.slots[layer], src, dst)
+            gather_pages(self.host_units[layer], self.slots[layer, : self.num_slots], src, dst)
             self.slot_of[layer, src.long()] = dst
             for u, s in zip(need, taken, strict=True):
                 self.unit_in[layer][s] = u
-            self.stats.fetched += len(need)
-            self.stats.fetched_bytes += len(need) * self.unit_bytes
+            self._stats.fetched += len(need)
+            self._stats.fetched_bytes += len(need) * self.unit_bytes
             slot = self.slot_of[layer, units]
-        used = slot.long().cpu()
-        self.last_used[layer, used] = self.clock
-        self.uses[layer, used] += 1
+        used = slot.long()
+        self.last_used[layer].index_fill_(0, used, self.clock)
+        self.uses[layer].index_add_(0, used, torch.ones_like(used))
         return slot
 
-    def _take_slots(self, layer: int, n: int, protect: set[int]) -> list[int]:
+    def _take_slots(self, layer: int, n: int, wanted: torch.Tensor) -> list[int]:
+        """n slots: free ones first, then the least valuable resident pages that this
+        step does not read (`wanted`: the step's slots, -1 where missing)."""
         free = self.free[layer]
         taken = [free.pop() for _ in range(min(n, len(free)))]
         short = n - len(taken)
         if short:
             # shed optional residency: oldest use first, then the least used
-            value = self.last_used[layer].clone() * (1 << 20) + self.uses[layer].clamp(
-                max=(1 << 20) - 1
-            )
-            for s in protect:
-                value[s] = torch.iinfo(torch.long).max
-            for s in taken:
-                value[s] = torch.iinfo(torch.long).max
-            if int((value < torch.iinfo(torch.long).max).sum()) < short:
+            never = torch.iinfo(torch.long).max
+            value = self.last_used[layer] * (1 << 20) + self.uses[layer].clamp(max=(1 << 20) - 1)
+            value[self.scratch_slot] = never
+            value.index_fill_(0, torch.where(wanted >= 0, wanted, self.scratch_slot).long(), never)
+            if taken:
+                value[torch.tensor(taken, device=self.device)] = never
+            if int((value < never).sum()) < short:
                 from engine.errors import CacheFullError
 
                 free.extend(reversed(taken))  # nothing was used
@@ -273,7 +298,7 @@ class TieredKV:
                     self.slot_of[layer, u] = -1
                 self.unit_in[layer][s] = -1
                 self.uses[layer, s] = 0
-            self.stats.evicted += len(victims)
+            self._stats.evicted += len(victims)
             taken += victims
         return taken
 
@@ -300,5 +325,7 @@ class TieredKV:
             out[b, :, :n_pages] = mass.sum(-1).amax(0)
         return out
 
-    def end_step(self) -> None:
+    def end_step(self, max_len: int | None = None) -> None:
+        """A new step begins; `max_len`: its longest sequence (saves a device read)."""
         self._group_selection = None
+        self.step_max_len = max_len
