@@ -171,11 +171,14 @@ def attention_speed(contexts, rows: list) -> None:
                 def kernel():
                     sparse_decode_attention(q, kv, u, pages, counts, lens, D**-0.5)
 
-                def selected():
-                    s = page_scores(q, summ, tables, lens, P, HKV, "quest")
+                def selected(mode="quest", layers=1):
+                    """Score every page, select, then the kernel for `layers` layers that
+                    share the selection."""
+                    s = page_scores(q, summ, tables, lens, P, HKV, mode)
                     pg, cn = select_pages(s, lens, P, k, width=k)
                     uu = (base + pg).to(torch.int32)
-                    sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
+                    for _ in range(layers):
+                        sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
 
                 flat = kv.view(B * HKV, n_pages, 2, P, D)
                 sel = pages.view(B * HKV, k).long()
@@ -203,23 +206,10 @@ def attention_speed(contexts, rows: list) -> None:
                 def selection():
                     select_pages(scores, lens, P, k, width=k)
 
-                def shared4():  # one selection serving a group of 4 layers
-                    s = page_scores(q, summ, tables, lens, P, HKV, "quest")
-                    pg, cn = select_pages(s, lens, P, k, width=k)
-                    uu = (base + pg).to(torch.int32)
-                    for _ in range(4):
-                        sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
-
-                def mean_selected():
-                    s = page_scores(q, summ, tables, lens, P, HKV, "mean")
-                    pg, cn = select_pages(s, lens, P, k, width=k)
-                    uu = (base + pg).to(torch.int32)
-                    sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
-
                 t_kernel = graph_time(kernel)
                 t_sel = graph_time(selected)
-                t_shared4 = graph_time(shared4) / 4
-                t_mean_sel = graph_time(mean_selected)
+                t_shared4 = graph_time(lambda: selected(layers=4)) / 4  # one selection, 4 layers
+                t_mean_sel = graph_time(lambda: selected("mean"))
                 t_score, t_select = graph_time(scoring), graph_time(selection)
                 t_gather = graph_time(torch_gather)
                 rows.append({

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
-import git
 import pytest
 from transformers import AutoTokenizer
 
@@ -38,18 +36,6 @@ def tokenizer_path(agentctx_home):
 
 def scripted(tokenizer_path, replies, template=HERMES) -> ScriptedEngine:
     return ScriptedEngine(AutoTokenizer.from_pretrained(tokenizer_path), template, replies)
-
-
-@pytest.fixture
-def repo(tmp_path) -> Path:
-    root = tmp_path / "calc"
-    root.mkdir()
-    r = git.Repo.init(root)
-    (root / "README.md").write_text("# calc\n\nA tiny calculator library.\n")
-    (root / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-    r.index.add(["README.md", "calc.py"])
-    r.index.commit("initial")
-    return root
 
 
 MESSAGES = [

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
-import git
 import pytest
 from textual.widgets._collapsible import CollapsibleTitle
 
@@ -38,18 +36,6 @@ def engine(agentctx_home):
     # agentctx_home (tests/conftest.py) has set AGENTCTX_HOME before this loads the model
     assert os.environ["AGENTCTX_HOME"] == str(agentctx_home)
     return Engine.load(None, device="cpu")
-
-
-@pytest.fixture
-def repo(tmp_path) -> Path:
-    root = tmp_path / "calc"
-    root.mkdir()
-    r = git.Repo.init(root)
-    (root / "README.md").write_text("# calc\n\nA tiny calculator library.\n")
-    (root / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-    r.index.add(["README.md", "calc.py"])
-    r.index.commit("initial")
-    return root
 
 
 @pytest.fixture
