@@ -1,8 +1,12 @@
 """Page scoring for sparse attention, and top-k page selection.
 
 Every page of every (sequence, KV head) has a summary of its keys, kept on the GPU:
-`summ [N, 3, D]` fp32 per layer, with the unit layout of the KV pools (unit = page * Hkv +
-head): row 0 the elementwise min of the page's keys, row 1 the max, row 2 their sum.
+`summ [N, R, D]` per layer, with the unit layout of the KV pools (unit = page * Hkv +
+head). Layouts (`summary_rows`):
+- R = 3, fp32: the elementwise min of the page's keys, their max, their sum (both modes);
+- R = 2, "quest" only: min and max, in the keys' own dtype (exact: min and max of bf16 keys
+  are bf16 values; half the bytes of fp32 for the scoring kernel to read);
+- R = 1, "mean" only: the sum, fp32.
 
 A page's score for one query row q:
 - "quest": sum_d max(q_d * kmin_d, q_d * kmax_d), an upper bound on q.k over the page
@@ -12,7 +16,10 @@ Rows are pooled per (sequence, KV head): summed over the query heads of the GQA 
 then the max over the T query tokens (a verification's queries share one selection).
 
 `page_scores` runs the Triton kernel (grid: (B * Hkv, page blocks)); `select_pages` turns
-scores into page lists (sinks, local window, top-k, optional stochastic tail).
+scores into page lists (sinks, local window, top-k, optional stochastic tail). Its top-k
+without a tail runs as a Triton kernel too (one program per (sequence, KV head): a bisection
+on the scores' bit patterns finds the k-th largest, then one pass writes the chosen pages in
+ascending order), where torch.topk and a sort took 0.14 ms at 128K, batch 8.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ if HAS_TRITON:
         s_btb, s_ob, s_oh,
         HKV: tl.constexpr, G: tl.constexpr, T: tl.constexpr, R: tl.constexpr,
         D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr,
-        IEEE: tl.constexpr,
+        IEEE: tl.constexpr, ROW_MIN: tl.constexpr, ROW_MAX: tl.constexpr, ROW_SUM: tl.constexpr,
     ):  # fmt: skip
         bh = tl.program_id(0)
         blk = tl.program_id(1)
@@ -60,8 +67,8 @@ if HAS_TRITON:
         if MODE == 0:
             # sum_d max(q_d kmin_d, q_d kmax_d) = max(q, 0) . kmax + min(q, 0) . kmin:
             # two matrix products instead of an [R, BLOCK, D] elementwise tensor
-            kmin = tl.load(base, mask=p_mask[:, None], other=0.0)
-            kmax = tl.load(base + s_sr, mask=p_mask[:, None], other=0.0)
+            kmin = tl.load(base + ROW_MIN * s_sr, mask=p_mask[:, None], other=0.0).to(tl.float32)
+            kmax = tl.load(base + ROW_MAX * s_sr, mask=p_mask[:, None], other=0.0).to(tl.float32)
             qp = tl.maximum(q, 0.0)
             qn = tl.minimum(q, 0.0)
             if IEEE:
@@ -71,7 +78,7 @@ if HAS_TRITON:
             else:  # TF32: scores only rank pages
                 s = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
         else:
-            ksum = tl.load(base + 2 * s_sr, mask=p_mask[:, None], other=0.0)
+            ksum = tl.load(base + ROW_SUM * s_sr, mask=p_mask[:, None], other=0.0).to(tl.float32)
             n = tl.minimum(length - p * P, P).to(tl.float32)
             kmean = ksum / tl.maximum(n, 1.0)[:, None]
             if IEEE:
@@ -86,6 +93,73 @@ if HAS_TRITON:
         tl.store(OUT + b * s_ob + h * s_oh + p, best)
 
 
+if HAS_TRITON:
+
+    @triton.jit
+    def _select_kernel(
+        S, LENS, OUT, CNT, M, budget,
+        s_sb, s_sh, s_ob, s_oh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        bh = tl.program_id(0)
+        b = bh // HKV
+        h = bh % HKV
+        n_pages = tl.cdiv(tl.load(LENS + b), P)
+        k = tl.minimum(budget, n_pages)
+        row = S + b * s_sb + h * s_sh
+        o = tl.arange(0, BLOCK)
+        # the k-th largest key, by bisection on [lo, hi] (int64: no overflow at the ends).
+        # Keys are the scores' bits made order-preserving as int32; the sinks and the window
+        # get the largest key, so they are always chosen. Invariant: at least k keys >= lo,
+        # fewer than k keys > hi.
+        lo = tl.full([], -2147483648, tl.int64)
+        hi = tl.full([], 2147483647, tl.int64)
+        for _ in range(32):
+            mid = lo + (hi - lo + 1) // 2
+            count = tl.zeros([], tl.int32)
+            for start in range(0, M, BLOCK):
+                p = start + o
+                key = _sort_key(row, p, n_pages, SINKS, WINDOW)
+                count += tl.sum(((key >= mid) & (p < n_pages)).to(tl.int32), 0)
+            lo = tl.where(count >= k, mid, lo)
+            hi = tl.where(count >= k, hi, mid - 1)
+        t = lo
+        above = tl.zeros([], tl.int32)
+        for start in range(0, M, BLOCK):
+            p = start + o
+            key = _sort_key(row, p, n_pages, SINKS, WINDOW)
+            above += tl.sum(((key > t) & (p < n_pages)).to(tl.int32), 0)
+        # ties at the k-th key: the lowest page indices among them
+        ties_wanted = k - above
+        written = tl.zeros([], tl.int32)
+        ties = tl.zeros([], tl.int32)
+        for start in range(0, M, BLOCK):
+            p = start + o
+            valid = p < n_pages
+            key = _sort_key(row, p, n_pages, SINKS, WINDOW)
+            tie = (key == t) & valid
+            tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+            chosen = valid & ((key > t) | (tie & (tie_rank < ties_wanted)))
+            pos = written + tl.cumsum(chosen.to(tl.int32), 0) - 1
+            tl.store(OUT + b * s_ob + h * s_oh + pos, p, mask=chosen & (pos < WIDTH))
+            written += tl.sum(chosen.to(tl.int32), 0)
+            ties += tl.sum(tie.to(tl.int32), 0)
+        tl.store(CNT + bh, written)
+        for start in range(0, WIDTH, BLOCK):
+            w = start + o
+            tl.store(OUT + b * s_ob + h * s_oh + w, tl.zeros([BLOCK], tl.int32),
+                     mask=(w >= written) & (w < WIDTH))  # fmt: skip
+
+    @triton.jit
+    def _sort_key(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
+        x = tl.load(row + p, mask=p < n_pages, other=0.0)
+        bits = x.to(tl.int32, bitcast=True)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        forced = (p < SINKS) | (p >= n_pages - WINDOW)
+        return tl.where(forced, 2147483647, key)
+
+
 def page_scores(
     q: torch.Tensor,
     summ: torch.Tensor,
@@ -97,18 +171,20 @@ def page_scores(
     block: int = 32,
     use_triton: bool | None = None,
 ) -> torch.Tensor:
-    """q [B, T, Hq, D]; summ [pages * Hkv, 3, D] fp32; block_tables [B, M] int32 (the
+    """q [B, T, Hq, D]; summ [pages * Hkv, R, D] (a `summary_rows` layout that holds
+    `mode`'s rows); block_tables [B, M] int32 (the
     sequences' page ids); kv_lens [B] int32. Returns scores [B, Hkv, M] fp32, -inf past
     each sequence's pages. `block`: pages per program (32 was fastest on the H200 at 128K,
     batch 8: 0.14 ms against 0.38 ms with 16 and 0.18 ms with 64)."""
     B, T, Hq, D = q.shape
-    N, three, Ds = summ.shape
+    N, R, Ds = summ.shape
     M = block_tables.shape[1]
-    assert three == 3 and Ds == D and summ.dtype == torch.float32, summ.shape
+    assert Ds == D, summ.shape
     assert block_tables.dtype == kv_lens.dtype == torch.int32 and kv_lens.shape == (B,)
     assert Hq % kv_heads == 0  # summ may hold extra (scratch) rows past the units
     if mode not in MODES:
         raise ValueError(f"unknown summary mode {mode!r}; use one of {', '.join(MODES)}")
+    rows = _rows(summ, mode)
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
         return page_scores_reference(q, summ, block_tables, kv_lens, page_size, kv_heads, mode)
     G = Hq // kv_heads
@@ -122,22 +198,46 @@ def page_scores(
         block_tables.stride(0), out.stride(0), out.stride(1),
         HKV=kv_heads, G=G, T=T, R=max(16, triton.next_power_of_2(G * T)), D=D,
         P=page_size, BLOCK=block, MODE=MODES[mode], IEEE=not q.is_cuda,
+        ROW_MIN=rows["min"], ROW_MAX=rows["max"], ROW_SUM=rows["sum"],
     )  # fmt: skip
     return out[:, :, :M]
 
 
-def empty_summaries(num_units: int, head_dim: int, device=None) -> torch.Tensor:
+def summary_rows(mode: str | None) -> dict[str, int]:
+    """Row index of each statistic in a summary table: both modes (None) keep all three,
+    "quest" only min and max, "mean" only the sum."""
+    return {None: {"min": 0, "max": 1, "sum": 2}, "quest": {"min": 0, "max": 1, "sum": -1},
+            "mean": {"min": -1, "max": -1, "sum": 0}}[mode]  # fmt: skip
+
+
+def _rows(summ: torch.Tensor, mode: str) -> dict[str, int]:
+    rows = summary_rows({3: None, 2: "quest", 1: "mean"}.get(summ.shape[1], "?"))
+    need = ("min", "max") if mode == "quest" else ("sum",)
+    assert all(rows[r] >= 0 for r in need), f"a {summ.shape[1]}-row summary has no {need}"
+    assert mode == "quest" or summ.dtype == torch.float32, "sums are kept in fp32"
+    return rows
+
+
+def empty_summaries(num_units: int, head_dim: int, device=None, mode: str | None = None,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
     """A summary table for num_units (page, head) units, all empty: min +inf, max -inf,
-    sum 0 (a page's summary must be reset like this before its first key is appended)."""
-    summ = torch.empty(num_units, 3, head_dim, device=device, dtype=torch.float32)
+    sum 0 (a page's summary must be reset like this before its first key is appended).
+    `mode`: the rows to keep (see `summary_rows`); `dtype` (quest only): the keys' dtype."""
+    n_rows = {None: 3, "quest": 2, "mean": 1}[mode]
+    if mode != "quest":
+        dtype = torch.float32
+    summ = torch.empty(num_units, n_rows, head_dim, device=device, dtype=dtype)
     reset_summaries(summ, torch.arange(num_units, device=device))
     return summ
 
 
 def reset_summaries(summ: torch.Tensor, units: torch.Tensor) -> None:
-    summ[units, 0] = float("inf")
-    summ[units, 1] = float("-inf")
-    summ[units, 2] = 0.0
+    rows = summary_rows({3: None, 2: "quest", 1: "mean"}[summ.shape[1]])
+    if rows["min"] >= 0:
+        summ[units, rows["min"]] = float("inf")
+        summ[units, rows["max"]] = float("-inf")
+    if rows["sum"] >= 0:
+        summ[units, rows["sum"]] = 0.0
 
 
 def page_scores_reference(
@@ -145,22 +245,22 @@ def page_scores_reference(
 ):
     B, T, Hq, D = q.shape
     P, M, G = page_size, block_tables.shape[1], Hq // kv_heads
+    rows = _rows(summ, mode)
     out = torch.full((B, kv_heads, M), float("-inf"), device=q.device)
     for b in range(B):
         n = int(kv_lens[b])
         n_pages = -(-n // P)
         pages = block_tables[b, :n_pages].long()
         for h in range(kv_heads):
-            s = summ[pages * kv_heads + h]  # [n_pages, 3, D]
+            s = summ[pages * kv_heads + h].float()  # [n_pages, R, D]
             qh = q[b, :, h * G : (h + 1) * G].float()  # [T, G, D]
             if mode == "quest":
-                prod = torch.maximum(
-                    qh[:, :, None, :] * s[None, None, :, 0], qh[:, :, None, :] * s[None, None, :, 1]
-                )
+                kmin, kmax = s[None, None, :, rows["min"]], s[None, None, :, rows["max"]]
+                prod = torch.maximum(qh[:, :, None, :] * kmin, qh[:, :, None, :] * kmax)
                 per_row = prod.sum(-1)  # [T, G, n_pages]
             else:
                 count = (n - torch.arange(n_pages, device=q.device) * P).clamp(max=P)
-                mean = s[:, 2] / count[:, None]
+                mean = s[:, rows["sum"]] / count[:, None]
                 per_row = torch.einsum("tgd,pd->tgp", qh, mean)
             out[b, h, :n_pages] = per_row.sum(1).amax(0)
     return out
@@ -176,13 +276,49 @@ def select_pages(
     tail: int = 0,
     generator: torch.Generator | None = None,
     width: int | None = None,
+    use_triton: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick each (sequence, head)'s pages: the sinks (first pages), the local window (last
     pages), then the top-scoring others up to `budget` pages in all, plus `tail` more drawn
     at random in proportion to exp(score) from the rest (vAttention-style). Returns
     (pages [B, Hkv, K] int32 in ascending order, counts [B, Hkv] int32); entries past a
     count are 0. `width` fixes K (at least budget + tail) so nothing waits for the host and
-    the call can be captured in a CUDA graph; by default K is the largest count."""
+    the call can be captured in a CUDA graph; by default K is the largest count. Without a
+    tail and with `width` set, on a GPU, the Triton kernel runs (ties: lowest pages first)."""
+    on = use_triton if use_triton is not None else scores.is_cuda
+    if HAS_TRITON and on and tail == 0 and width is not None:
+        return _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width)
+    return select_pages_reference(scores, kv_lens, page_size, budget, sink_pages, window_pages,
+                                  tail, generator, width)  # fmt: skip
+
+
+def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width):
+    B, Hkv, M = scores.shape
+    assert kv_lens.dtype == torch.int32 and scores.dtype == torch.float32
+    width = min(width, M)
+    pages = torch.empty(B, Hkv, width, dtype=torch.int32, device=scores.device)
+    counts = torch.empty(B, Hkv, dtype=torch.int32, device=scores.device)
+    block = min(4096, triton.next_power_of_2(max(M, width, 16)))
+    _select_kernel[(B * Hkv,)](
+        scores, kv_lens, pages, counts, M, min(budget, M),
+        scores.stride(0), scores.stride(1), pages.stride(0), pages.stride(1),
+        HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages, WIDTH=width, BLOCK=block,
+    )  # fmt: skip
+    return pages, counts
+
+
+def select_pages_reference(
+    scores: torch.Tensor,
+    kv_lens: torch.Tensor,
+    page_size: int,
+    budget: int,
+    sink_pages: int = 1,
+    window_pages: int = 2,
+    tail: int = 0,
+    generator: torch.Generator | None = None,
+    width: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """select_pages in torch (topk and sort); the stochastic tail is only here."""
     B, Hkv, M = scores.shape
     n_pages = (kv_lens.long() + page_size - 1) // page_size  # [B]
     idx = torch.arange(M, device=scores.device)

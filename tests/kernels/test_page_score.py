@@ -100,3 +100,59 @@ def test_stochastic_tail_adds_distinct_unselected_pages():
             got = more[b, h, : counts[b, h]].tolist()
             assert got == sorted(set(got)) and set(base[b, h, :6].tolist()) <= set(got)
             assert max(got) < lens[b] // 16
+
+
+@needs_triton
+@pytest.mark.parametrize("M, budget, width", [(40, 6, 6), (300, 17, 20), (5000, 100, 100)])
+def test_select_kernel_matches_reference(M, budget, width):
+    """Triton top-k selection (bisection on the scores' bits) against topk + sort: several
+    lengths per batch (one shorter than the budget, one of a single page), negative and
+    positive scores, -inf past the pages as page_scores leaves them."""
+    g = torch.Generator().manual_seed(M)
+    B, Hkv, P = 4, 3, 16
+    lens = torch.tensor([M * P, (M // 2) * P - 5, 4 * P, 1], dtype=torch.int32)
+    scores = torch.randn(B, Hkv, M, generator=g) * 10
+    n_pages = (lens + P - 1) // P
+    scores[torch.arange(M)[None, None, :] >= n_pages[:, None, None].expand(B, Hkv, M)] = -1e30
+    scores = scores.masked_fill(scores == -1e30, float("-inf"))
+    args = (scores.to(DEVICE), lens.to(DEVICE), P, budget)
+    got, got_n = select_pages(*args, width=width, use_triton=True)
+    ref, ref_n = select_pages(*args, width=width, use_triton=False)
+    assert torch.equal(got_n.cpu(), ref_n.cpu()) and torch.equal(got.cpu(), ref.cpu())
+
+
+@needs_triton
+def test_select_kernel_breaks_ties_by_lowest_page():
+    scores = torch.zeros(1, 2, 30)
+    scores[0, 1, 20] = 1.0
+    lens = torch.tensor([30 * 16], dtype=torch.int32)
+    pages, counts = select_pages(scores.to(DEVICE), lens.to(DEVICE), 16, 6, width=8,
+                                 use_triton=True)  # fmt: skip
+    assert counts.tolist() == [[6, 6]]
+    assert pages[0, 0].tolist() == [0, 1, 2, 3, 28, 29, 0, 0]  # sink, 3 lowest ties, window
+    assert pages[0, 1].tolist() == [0, 1, 2, 20, 28, 29, 0, 0]
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", ["quest-bf16", "quest-fp32", "mean"])
+def test_kernel_reads_the_reduced_summary_layouts(layout):
+    """The engine keeps only its mode's rows: quest's min/max in the keys' dtype, mean's sum."""
+    q, summ, tables, lens, _ = build(4, 64, 1, seed=9)
+    mode = layout.split("-")[0]
+    if mode == "quest":
+        small = summ[:, :2].to(torch.bfloat16 if layout.endswith("bf16") else torch.float32)
+        full = small.float()
+    else:
+        small = summ[:, 2:].contiguous()
+        full = summ
+    args = [t.to(DEVICE) for t in (q, small.contiguous(), tables, lens)]
+    out = page_scores(*args, 16, 2, mode=mode, block=16, use_triton=True)
+    ref = page_scores_reference(q, torch.cat([full[:, :2], summ[:, 2:]], 1), tables, lens, 16, 2,
+                                mode)  # fmt: skip
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite, torch.isfinite(out.cpu()))
+    tol = 1e-2 if DEVICE == "cuda" else 1e-3
+    assert torch.allclose(out.cpu()[finite], ref[finite], rtol=tol, atol=tol)
+    empty = empty_summaries(4, 64, mode=mode, dtype=torch.bfloat16)
+    assert empty.shape[1] == (2 if mode == "quest" else 1)
+    assert empty.dtype == (torch.bfloat16 if mode == "quest" else torch.float32)
