@@ -26,22 +26,29 @@ def gather_kv(
 
 
 def gather_kv_from_host(
-    kv: torch.Tensor, pages: torch.Tensor, length: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """gather_kv for a pool in pinned host memory: the sequence's page units are copied to
-    the GPU by the UVA gather kernel, then laid out as [Hkv, length, D]."""
+    kv: torch.Tensor, pages: torch.Tensor, length: int, device: torch.device,
+    use_triton: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """gather_kv for a pool in pinned host memory: the UVA gather kernel copies each page's
+    K half and V half straight to their places in [2, Hkv, pages, P, D] on the GPU, so K and
+    V come out as [Hkv, length, D] views with no further copy (at 500K tokens a layer's K
+    and V are 1.9 GiB)."""
     from kernels.uva_gather import gather_pages
 
     n_pages, hkv, _, p, d = kv.shape
+    assert p % 2 == 0
     n = pages.numel()
-    units = (pages.to(device).long()[:, None] * hkv + torch.arange(hkv, device=device)).view(-1)
-    tmp = torch.empty(n * hkv, 2, p, d, dtype=kv.dtype, device=device)
-    dst = torch.arange(n * hkv, dtype=torch.int32, device=device)
-    gather_pages(kv.view(-1, 2, p, d), tmp, units.to(torch.int32), dst, max_programs=132)
-    g = tmp.view(n, hkv, 2, p, d).permute(1, 2, 0, 3, 4)  # [Hkv, 2, n, P, D]
-    k = g[:, 0].reshape(hkv, n * p, d)[:, :length]
-    v = g[:, 1].reshape(hkv, n * p, d)[:, :length]
-    return k, v
+    # half-units of [2, P/2, D] elements: source (page, head, k|v) -> (k|v, head, page)
+    pg = pages.to(device).long()[None, :, None]
+    head = torch.arange(hkv, device=device)[None, None, :]
+    c = torch.arange(2, device=device)[:, None, None]
+    src = ((pg * hkv + head) * 2 + c).reshape(-1)
+    dst = ((c * hkv + head) * n + torch.arange(n, device=device)[None, :, None]).reshape(-1)
+    out = torch.empty(2, hkv, n, p, d, dtype=kv.dtype, device=device)
+    gather_pages(kv.view(-1, 2, p // 2, d), out.view(-1, 2, p // 2, d), src.to(torch.int32),
+                 dst.to(torch.int32), max_programs=132, use_triton=use_triton)  # fmt: skip
+    kv_rows = out.view(2, hkv, n * p, d)[:, :, :length]
+    return kv_rows[0], kv_rows[1]
 
 
 def causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor | None:
@@ -58,14 +65,21 @@ def lower_right_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     """A chunk of queries at the end of a longer sequence: q [1, Hq, T, D], k/v [Hkv, S, D],
     S >= T, query i sees keys up to S - T + i. The lower-right causal bias lets SDPA run the
     memory-efficient kernel instead of the math path, which materialises [Hq, T, S] scores
-    (at T = 16K, S = 128K: 272 GB). K and V are expanded to the query heads for it."""
+    (at T = 16K, S = 128K: 272 GB). That kernel takes no GQA, so it runs one query head at
+    a time against its KV head (expanding K and V to every query head would take 4x their
+    memory: 8 GB at 500K tokens)."""
     from torch.nn.attention.bias import causal_lower_right
 
-    groups = q.shape[1] // k.shape[0]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+    Hq, Hkv = q.shape[1], k.shape[0]
+    groups = Hq // Hkv
     bias = causal_lower_right(q.shape[2], k.shape[1])
-    return F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=bias, scale=scale)
+    out = torch.empty_like(q)
+    for h in range(Hq):
+        kh, vh = k[h // groups][None, None], v[h // groups][None, None]
+        out[:, h : h + 1] = F.scaled_dot_product_attention(
+            q[:, h : h + 1], kh, vh, attn_mask=bias, scale=scale
+        )
+    return out
 
 
 def paged_attention(

@@ -47,13 +47,18 @@ class ModelRunner:
             from engine.kv import TieredKV
 
             self.tiers = TieredKV(cfg, self.kv.pool, self.page_size, engine_cfg.sparse, device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # decode graphs by batch size; with the tiered cache by (batch size, page budget),
+        # captured when first needed (the budget grows with the context)
+        self.graphs: dict[int | tuple[int, int], torch.cuda.CUDAGraph] = {}
+        sp = engine_cfg.sparse
         self.use_graphs = (
             engine_cfg.cuda_graphs
             and device.type == "cuda"
             and cfg.rope_type != "dynamic"
-            and self.tiers is None  # sparse decode allocates slots on the host each step
+            # the oracle and the stochastic tail go back to the host each step
+            and not (sp is not None and (sp.oracle or sp.tail_pages))
         )
+        self.graph_sizes = self._graph_sizes() if self.use_graphs else []
         if self.use_graphs:
             self.capture_graphs()
 
@@ -116,12 +121,12 @@ class ModelRunner:
         """Start a graph-eligible step on the device without waiting for it."""
         ids, positions, pages, offsets, _, _, _, kv_lens, page_lists = self.prepare(out, ahead)
         self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device=ahead)
-        size = self._graph_size(len(ids))
+        key = self._graph_key(len(ids), kv_lens)
         # copy the tokens out now: the next graph, launched before they are read, rewrites
         # the argmax buffer
         turn = self.token_turn
         self.token_turn ^= 1
-        self.token_host[turn][:size].copy_(self.graph_argmax[size], non_blocking=True)
+        self.token_host[turn][: key_size(key)].copy_(self.graph_argmax[key], non_blocking=True)
         self.token_events[turn].record()
         return turn, [it.seq.seq_id for it in out.scheduled]
 
@@ -218,7 +223,13 @@ class ModelRunner:
     # -- CUDA graphs for decode ----------------------------------------------------------
 
     def _graph_size(self, bs: int) -> int | None:
-        return next((s for s in sorted(self.graphs) if s >= bs), None)
+        return next((s for s in self.graph_sizes if s >= bs), None)
+
+    def _graph_key(self, bs: int, kv_lens: list[int]) -> int | tuple[int, int]:
+        size = self._graph_size(bs)
+        if self.tiers is None:
+            return size
+        return size, self.tiers.budget_for(max(kv_lens), self.max_pages)
 
     def _graph_sizes(self) -> list[int]:
         sizes = [1, 2, 4, 8] + list(range(16, self.engine_cfg.max_num_seqs + 1, 16))
@@ -234,6 +245,10 @@ class ModelRunner:
             kv_lens_t=b["kv_lens"][:n],
             decode_only=True,
         )
+        if self.tiers is not None:
+            ctx.tiers = self.tiers
+            ctx.tier_tables = b["block_tables"][:n].to(torch.int32)
+            ctx.tier_lens = b["kv_lens"][:n].to(torch.int32)
         ctx.cos, ctx.sin = self.rope(b["positions"][:n])
         hidden = self.model(b["ids"][:n], self.kv.layers, ctx)
         return self.model.compute_logits(hidden)
@@ -267,31 +282,56 @@ class ModelRunner:
         m = self.meta
         self.gbuf = {name: m[a:b] for name, (a, b) in fields.items()}
         self.gbuf["block_tables"] = m[5 * n :].view(n, self.max_pages)
-        self.graph_logits: dict[int, torch.Tensor] = {}
-        self.graph_argmax: dict[int, torch.Tensor] = {}
-        pool = None
-        for size in sorted(sizes, reverse=True):
-            self._decode_forward(size)  # warm-up: triton compiles, allocator settles
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.graph_logits[size] = self._decode_forward(size)
-                self.graph_argmax[size] = self.graph_logits[size].argmax(dim=-1)
-                # feed the tokens back as the next step's input, for a step launched ahead
-                self.gbuf["ids"][:size].copy_(self.graph_argmax[size])
-            pool = graph.pool()
-            self.graphs[size] = graph
+        self.graph_logits: dict = {}
+        self.graph_argmax: dict = {}
+        self.graph_pool = None
+        if self.tiers is None:
+            for size in sorted(self.graph_sizes, reverse=True):
+                self._capture(size)
+        torch.cuda.synchronize()
+
+    def _capture(self, key: int | tuple[int, int]) -> None:
+        """Capture the decode graph of one batch size (and, with the tiered cache, one page
+        budget). Its warm-up runs on padding rows: they write the scratch page and read
+        nothing else (the ids, possibly the previous graph's tokens, stay as they are)."""
+        size, n = key_size(key), max(self.graph_sizes)
+        f = self.meta_fields
+        for name, pad in (("positions", 0), ("pages", self.scratch_page), ("offsets", 0),
+                          ("kv_lens", 1)):  # fmt: skip
+            self.meta[f[name][0] : f[name][1]] = pad
+        self.meta[5 * n :] = self.scratch_page
+        tiers = self.tiers
+        if tiers is not None:  # the warm-up must not count as a step
+            saved = tiers._acc.clone(), tiers.clock.clone()
+            tiers.end_step(budget=key[1])
+        self._decode_forward(size)  # warm-up: triton compiles, allocator settles
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            self.graph_logits[key] = self._decode_forward(size)
+            self.graph_argmax[key] = self.graph_logits[key].argmax(dim=-1)
+            # feed the tokens back as the next step's input, for a step launched ahead
+            self.gbuf["ids"][:size].copy_(self.graph_argmax[key])
+        self.graph_pool = graph.pool()
+        self.graphs[key] = graph
+        if tiers is not None:
+            tiers._acc.copy_(saved[0])
+            tiers.clock.copy_(saved[1])
+            tiers.end_step()
         torch.cuda.synchronize()
 
     def _run_graph(
         self, ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device: bool = False
     ) -> torch.Tensor:
         bs = len(ids)
-        size = self._graph_size(bs)
+        key = self._graph_key(bs, kv_lens)
+        if key not in self.graphs:
+            self._capture(key)
+        size = key_size(key)
         staging = self.stagings[self.staging_turn]
         self.staging_turn ^= 1
         # this buffer's last copy (two launches ago) is done: a step was read back since
-        st, f, n = staging.numpy(), self.meta_fields, max(self.graphs)
+        st, f, n = staging.numpy(), self.meta_fields, max(self.graph_sizes)
         for name, values, pad in (
             ("ids", ids, 0), ("positions", positions, 0), ("pages", pages, self.scratch_page),
             ("offsets", offsets, 0), ("kv_lens", kv_lens, 1),
@@ -305,5 +345,9 @@ class ModelRunner:
         used = 5 * n + size * self.max_pages
         first = n if ids_on_device else 0  # keep the ids the previous graph wrote
         self.meta[first:used].copy_(staging[first:used], non_blocking=True)
-        self.graphs[size].replay()
-        return self.graph_logits[size][:bs]
+        self.graphs[key].replay()
+        return self.graph_logits[key][:bs]
+
+
+def key_size(key: int | tuple[int, int]) -> int:
+    return key if isinstance(key, int) else key[0]

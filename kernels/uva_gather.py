@@ -31,10 +31,11 @@ if HAS_TRITON:
         for i in range(pid, n, NPROG):  # persistent: each program walks its share
             s = tl.load(SRC_IDX + i).to(tl.int64)
             d = tl.load(DST_IDX + i).to(tl.int64)
-            for off in range(0, E, BLOCK):
-                m = off + o < E
-                x = tl.load(SRC + s * E + off + o, mask=m)
-                tl.store(DST + d * E + off + o, x, mask=m)
+            if d >= 0:  # -1: an unused entry of a fixed-size list
+                for off in range(0, E, BLOCK):
+                    m = off + o < E
+                    x = tl.load(SRC + s * E + off + o, mask=m)
+                    tl.store(DST + d * E + off + o, x, mask=m)
 
 
 def _units(pool: torch.Tensor) -> torch.Tensor:
@@ -51,8 +52,10 @@ def gather_pages(
     block: int = 1024,
     use_triton: bool | None = None,
 ) -> None:
-    """dst[dst_units[i]] = src[src_units[i]] for every i. src [U, 2, P, D] may be pinned host
-    memory (read through UVA) when dst is on the GPU; indices are int32 on dst's device."""
+    """dst[dst_units[i]] = src[src_units[i]] for every i with dst_units[i] >= 0 (entries of
+    -1 are skipped: a fixed-size list that needs no host round trip). src [U, 2, P, D] may be
+    pinned host memory (read through UVA) when dst is on the GPU; indices are int32 on dst's
+    device."""
     _units(src), _units(dst)
     assert src.shape[1:] == dst.shape[1:] and src.dtype == dst.dtype
     assert src_units.shape == dst_units.shape and src_units.dtype == torch.int32
@@ -80,6 +83,8 @@ def gather_pages(
 def gather_reference(
     src: torch.Tensor, dst: torch.Tensor, src_units: torch.Tensor, dst_units: torch.Tensor
 ) -> None:
+    keep = dst_units >= 0
+    src_units, dst_units = src_units[keep], dst_units[keep]
     rows = src.index_select(0, src_units.to(src.device).long())
     dst.index_copy_(0, dst_units.to(dst.device).long(), rows.to(dst.device))
 

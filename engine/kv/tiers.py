@@ -10,8 +10,9 @@ Tiers:
   and the local window) and, while room lasts, any other pages it held before (optional
   residency); those are shed first, least valuable first (recency, then how often they were
   selected), whenever the working set needs room.
-- page summaries: per layer [units, 3, D] fp32 (min, max, sum of the page's keys), beside
-  the GPU tier, updated on every append.
+- page summaries: per layer, beside the GPU tier, updated on every append: Quest's min and
+  max of the page's keys in the keys' dtype, or the sum of its keys in fp32 for mean-key
+  scoring (kernels.page_score.summary_rows).
 
 Decode attention of a layer (every sequence of the step with one new token, or T tokens of
 a verification): score each (sequence, KV head)'s pages from the summaries with the GQA
@@ -19,6 +20,9 @@ group pooled, select sinks + window + top-k (+ an optional stochastic tail; or t
 exact attention mass), fetch the selected pages that have no slot from the host, then run
 the sparse decode kernel over the slots. The result is exactly sparse attention over the
 selected pages. One selection may serve a group of consecutive layers.
+
+Everything in a decode step runs on the device with fixed shapes (slot allocation and
+eviction included), so the step can be captured in a CUDA graph.
 
 Prefill stays dense and exact (engine.attention); its rows go to the host tier and the
 summaries like any other.
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.page_score import empty_summaries, page_scores, select_pages
+from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
 from kernels.sparse_decode import sparse_decode_attention
 from kernels.uva_gather import gather_pages
 
@@ -50,6 +54,9 @@ class SparseConfig:
     tail_pages: int = 0  # stochastic tail: extra pages sampled in proportion to exp(score)
     oracle: bool = False  # exact attention mass per page (evaluation only: reads every page)
     layer_group: int = 1  # consecutive layers that share one selection
+    # benchmarks with dummy weights only: random selections that keep each page read at the
+    # step before with this probability (0: fresh random pages every step, the worst case)
+    synthetic: float | None = None
     gpu_kv_budget: int | None = None  # bytes for the GPU slot pools; None: room for all pages
     seed: int = 0
 
@@ -70,6 +77,11 @@ class SparseConfig:
         if self.budget_fraction is not None:
             want = max(want, math.ceil(self.budget_fraction * n_pages))
         return max(want, self.sink_pages + self.window_pages + 1)
+
+
+_COUNTERS = ("steps", "selected", "max_selected", "fetched", "evicted", "locality_hits",
+             "locality_total")  # fmt: skip
+_C = {name: i for i, name in enumerate(_COUNTERS)}
 
 
 @dataclass
@@ -110,49 +122,55 @@ class TieredKV:
             self.num_slots = units
         else:
             self.num_slots = max(1, sparse.gpu_kv_budget // (self.L * self.unit_bytes))
-        # one scratch entry past the end of the slots, the summaries and the recency
-        # counters takes the writes of rows that have no slot / no reset, so appends and
-        # bookkeeping need no host round trip
+        # One scratch entry past the end of the slots, the page table and the summaries
+        # takes the writes of rows that have no slot and the reads of unused selection
+        # entries, so that a decode step needs no host round trip (and can be a CUDA graph).
+        # slot_of[layer, unit]: the unit's slot or -1; unit_in[layer, slot]: the slot's unit
+        # or -1 (free). The scratch unit always sits in the scratch slot.
         self.scratch_slot, self.scratch_unit = self.num_slots, units
         self.slots = torch.zeros(
             self.L, self.num_slots + 1, 2, self.P, self.D, dtype=host_pool.dtype, device=device
         )
-        self.slot_of = torch.full((self.L, units), -1, dtype=torch.int32, device=device)
-        # host-side mirrors for allocation: which unit each slot holds, and the free slots
-        self.unit_in = [[-1] * self.num_slots for _ in range(self.L)]
-        self.free = [list(range(self.num_slots - 1, -1, -1)) for _ in range(self.L)]
-        self.last_used = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
+        self.slot_of = torch.full((self.L, units + 1), -1, dtype=torch.int32, device=device)
+        self.slot_of[:, self.scratch_unit] = self.scratch_slot
+        self.unit_in = torch.full((self.L, self.num_slots + 1), -1, dtype=torch.long, device=device)
+        self.unit_in[:, self.scratch_slot] = self.scratch_unit
+        # eviction value: the step a slot was last read at (-1: free), then its read count
+        self.last_used = torch.full((self.L, self.num_slots + 1), -1, dtype=torch.long,
+                                    device=device)  # fmt: skip
         self.uses = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
-        self.summ = torch.stack([empty_summaries(units + 1, self.D, device) for _ in range(self.L)])
-        self.clock = 0
-        self._stats = TierStats()
-        # device-side counters, read when `stats` is asked for
-        self._acc = torch.zeros(
-            4, dtype=torch.long, device=device
-        )  # selected, max, loc hits, loc total
+        self._claim = torch.zeros(units + 1, dtype=torch.long, device=device)
+        mode = None if sparse.oracle else sparse.summary
+        self.summ = torch.stack([
+            empty_summaries(units + 1, self.D, device, mode=mode, dtype=host_pool.dtype)
+            for _ in range(self.L)
+        ])  # fmt: skip
+        self.rows = summary_rows(mode)
+        self.clock = torch.zeros((), dtype=torch.long, device=device)  # decode steps
+        # device-side counters, read when `stats` is asked for: see _COUNTERS
+        self._acc = torch.zeros(len(_COUNTERS), dtype=torch.long, device=device)
         self._group_selection: tuple | None = None
-        self._previous: dict[int, tuple] = {}  # layer -> (page ids [B, Hkv, K], valid)
-        self.step_max_len: int | None = None
+        self.step_budget: int | None = None
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
 
     # -- sizes for the meter ----------------------------------------------------------------
 
     def resident_units(self) -> int:
-        return sum(self.num_slots - len(f) for f in self.free)
+        return int((self.unit_in[:, : self.num_slots] >= 0).sum())
 
     @property
     def stats(self) -> TierStats:
-        """The counters (reading the device-side ones waits for the device)."""
-        selected, top, hits, total = self._acc.tolist()
-        st = self._stats
-        st.selected, st.locality_hits, st.locality_total = selected, hits, total
-        st.max_selected = top
-        return st
+        """The counters (reading them waits for the device)."""
+        c = dict(zip(_COUNTERS, self._acc.tolist(), strict=True))
+        return TierStats(
+            steps=c["steps"], selected=c["selected"], fetched=c["fetched"],
+            fetched_bytes=c["fetched"] * self.unit_bytes, evicted=c["evicted"],
+            max_selected=c["max_selected"], locality_hits=c["locality_hits"],
+            locality_total=c["locality_total"],
+        )  # fmt: skip
 
     def reset_stats(self) -> None:
-        self._stats = TierStats()
         self._acc.zero_()
-        self._previous = {}
 
     # -- appends ----------------------------------------------------------------------------
 
@@ -168,45 +186,43 @@ class TieredKV:
         pages_d, offs = pages.to(self.device).long(), offsets.to(self.device).long()
         units = (pages_d[:, None] * Hkv + heads).reshape(-1)  # [T * Hkv]
         fresh = (offs == 0)[:, None].expand(-1, Hkv).reshape(-1)
-        s = self.summ[layer]
+        s, rows = self.summ[layer], self.rows
         first = torch.where(fresh, units, self.scratch_unit)
-        s[first, 0] = float("inf")
-        s[first, 1] = float("-inf")
-        s[first, 2] = 0.0
-        kf = k.float().reshape(-1, D).to(self.device)
-        idx = units[:, None].expand(-1, D)
-        s[:, 0].scatter_reduce_(0, idx, kf, "amin")
-        s[:, 1].scatter_reduce_(0, idx, kf, "amax")
-        s[:, 2].index_add_(0, units, kf)
+        kf = k.reshape(-1, D).to(self.device, s.dtype)
+        if rows["min"] >= 0:
+            s[first, rows["min"]] = float("inf")
+            s[first, rows["max"]] = float("-inf")
+            idx = units[:, None].expand(-1, D)
+            s[:, rows["min"]].scatter_reduce_(0, idx, kf, "amin")
+            s[:, rows["max"]].scatter_reduce_(0, idx, kf, "amax")
+        if rows["sum"] >= 0:
+            s[first, rows["sum"]] = 0.0
+            s[:, rows["sum"]].index_add_(0, units, kf)
         slot = self.slot_of[layer, units].long()
         dst = torch.where(slot >= 0, slot, self.scratch_slot)
         off = offs[:, None].expand(-1, Hkv).reshape(-1)
         self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
         self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
 
-    def _drop(self, layer: int, units: torch.Tensor) -> None:
-        slot = self.slot_of[layer, units]
-        held = slot[slot >= 0].tolist()
-        if not held:
-            return
-        self.slot_of[layer, units] = -1
-        for s in held:
-            self.unit_in[layer][s] = -1
-            self.free[layer].append(s)
-
     # -- sparse decode ----------------------------------------------------------------------
 
     def attend(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
                kv_lens: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
-        """q [B, T, Hq, D] (the last T positions of each sequence) -> [B, T, Hq, D]."""
+        """q [B, T, Hq, D] (the last T positions of each sequence) -> [B, T, Hq, D]. Runs
+        on the device only (no host round trip), so a decode step can be a CUDA graph."""
         B, T, Hq, D = q.shape
         sp, P, Hkv = self.sparse, self.P, self.Hkv
-        self.clock += 1
+        if layer == 0:
+            self.clock += 1
         if layer % sp.layer_group == 0 or self._group_selection is None:
-            n_max = self.step_max_len or int(kv_lens.max())
-            budget = min(sp.budget_pages(-(-n_max // P), P), block_tables.shape[1])
+            budget = self.step_budget
+            if budget is None:  # a device read: callers say the step's length in end_step
+                budget = self.budget_for(int(kv_lens.max()), block_tables.shape[1])
+            budget = min(budget, block_tables.shape[1])
             if sp.oracle:
                 scores = self._oracle_scores(layer, q, block_tables, kv_lens, scale)
+            elif sp.synthetic is not None:
+                scores = self._synthetic_scores(layer, block_tables)
             else:
                 scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
             pages, counts = select_pages(
@@ -216,91 +232,93 @@ class TieredKV:
             )  # fmt: skip
             self._group_selection = (pages, counts)
         pages, counts = self._group_selection
-        # the units the step needs, and their slots (fetching what is missing)
+        width = pages.shape[-1]
+        if B * Hkv * width > self.num_slots:
+            from engine.errors import CacheFullError
+
+            raise CacheFullError(
+                f"the GPU KV budget holds {self.num_slots} pages per layer, fewer than this "
+                f"step's {B * Hkv * width} selected pages: raise --gpu-kv-budget or lower the "
+                "sparse budget"
+            )
+        # the units the step reads, and their slots (fetching what is missing)
         page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
         units = page_ids.view(B, Hkv, -1) * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
-        width = pages.shape[-1]
         valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
-        slots = self._ensure_resident(layer, units[valid])
-        slot_lists = torch.zeros(B, Hkv, width, dtype=torch.int32, device=q.device)
-        slot_lists[valid] = slots
+        slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         out = sparse_decode_attention(
-            q.contiguous(), self.slots[layer], slot_lists, pages.to(torch.int32), counts,
-            kv_lens.to(torch.int32), scale,
+            q.contiguous(), self.slots[layer], slots.view(B, Hkv, width), pages.to(torch.int32),
+            counts, kv_lens.to(torch.int32), scale,
         )  # fmt: skip
-        self._track_locality(layer, page_ids.view(B, Hkv, -1), valid)
         n_sel = counts.sum()
-        self._acc[0] += n_sel
-        self._acc[1] = torch.maximum(self._acc[1], n_sel)
-        self._stats.steps += 1
+        acc = self._acc
+        acc[_C["selected"]] += n_sel
+        acc[_C["max_selected"]] = torch.maximum(acc[_C["max_selected"]], n_sel)
+        acc[_C["steps"]] += 1
         return out
 
-    def _track_locality(self, layer: int, page_ids: torch.Tensor, valid: torch.Tensor) -> None:
-        prev = self._previous.get(layer)
-        self._previous[layer] = (page_ids, valid)
-        if prev is None or prev[0].shape[:2] != page_ids.shape[:2]:
-            return
-        p_ids, p_valid = prev
-        # [B, Hkv, K, K'] matches of this step's pages against the last step's
-        same = (page_ids[..., :, None] == p_ids[..., None, :]) & p_valid[..., None, :]
-        hit = same.any(-1) & valid
-        self._acc[2] += hit.sum()
-        self._acc[3] += valid.sum()
+    def _ensure_resident(
+        self, layer: int, units: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Slots [N] int32 of `units` [N] (entries where `valid` is false read the scratch
+        slot); every valid unit is resident afterwards. Missing units take the least valuable
+        slots that this step does not read (free ones first, then the oldest last use, then
+        the fewest uses) and are fetched from the host with the UVA gather. All on the
+        device: fixed shapes, no host round trip."""
+        dev, n = self.device, units.numel()
+        slot_of, unit_in = self.slot_of[layer], self.unit_in[layer]
+        last_used, uses = self.last_used[layer], self.uses[layer]
+        u = torch.where(valid, units, self.scratch_unit)
+        slot = slot_of[u].long()
+        missing = slot < 0
+        # one owner per missing unit (a page shared by two sequences appears twice)
+        idx = torch.arange(n, device=dev)
+        self._claim.index_copy_(0, u, idx)
+        owner = missing & (self._claim[u] == idx)
+        # candidate victims, least valuable first; the step's resident slots are protected
+        never = torch.iinfo(torch.long).max
+        value = last_used * (1 << 20) + uses.clamp(max=(1 << 20) - 1)
+        value.index_fill_(0, torch.where(missing, self.scratch_slot, slot), never)
+        value[self.scratch_slot] = never
+        victims = torch.topk(value, n, largest=False, sorted=True).indices
+        rank = (torch.cumsum(owner, 0) - 1).clamp(min=0)
+        dst = torch.where(owner, victims[rank], self.scratch_slot)
+        old = unit_in[dst]
+        evicted = owner & (old >= 0)
+        slot_of[torch.where(evicted, old, self.scratch_unit)] = -1
+        slot_of[torch.where(owner, u, self.scratch_unit)] = dst.to(torch.int32)
+        slot_of[self.scratch_unit] = self.scratch_slot
+        unit_in[dst] = torch.where(owner, u, self.scratch_unit)
+        uses[dst] = 0
+        gather_pages(self.host_units[layer], self.slots[layer],
+                     torch.where(owner, u, 0).to(torch.int32),
+                     torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
+        slot = slot_of[u].long()
+        # locality: valid units that this layer also read at the step before
+        hit = valid & ~missing & (last_used[slot] == self.clock - 1)
+        acc = self._acc
+        acc[_C["fetched"]] += owner.sum()
+        acc[_C["evicted"]] += evicted.sum()
+        acc[_C["locality_hits"]] += hit.sum()
+        acc[_C["locality_total"]] += valid.sum()
+        last_used.index_fill_(0, slot, self.clock)
+        uses.index_add_(0, slot, torch.ones_like(slot))
+        return slot.to(torch.int32)
 
-    def _ensure_resident(self, layer: int, units: torch.Tensor) -> torch.Tensor:
-        """Slots of `units` (every one of them resident afterwards); missing ones are taken
-        from the free list or from the least valuable pages not needed now, and fetched.
-        One host round trip: the list of missing units."""
-        slot = self.slot_of[layer, units]
-        need = [u for u in torch.unique(torch.where(slot < 0, units, -1)).tolist() if u >= 0]
-        if need:
-            taken = self._take_slots(layer, len(need), slot)
-            src = torch.tensor(need, dtype=torch.int32, device=self.device)
-            dst = torch.tensor(taken, dtype=torch.int32, device=self.device)
-            gather_pages(self.host_units[layer], self.slots[layer, : self.num_slots], src, dst)
-            self.slot_of[layer, src.long()] = dst
-            for u, s in zip(need, taken, strict=True):
-                self.unit_in[layer][s] = u
-            self._stats.fetched += len(need)
-            self._stats.fetched_bytes += len(need) * self.unit_bytes
-            slot = self.slot_of[layer, units]
-        used = slot.long()
-        self.last_used[layer].index_fill_(0, used, self.clock)
-        self.uses[layer].index_add_(0, used, torch.ones_like(used))
-        return slot
-
-    def _take_slots(self, layer: int, n: int, wanted: torch.Tensor) -> list[int]:
-        """n slots: free ones first, then the least valuable resident pages that this
-        step does not read (`wanted`: the step's slots, -1 where missing)."""
-        free = self.free[layer]
-        taken = [free.pop() for _ in range(min(n, len(free)))]
-        short = n - len(taken)
-        if short:
-            # shed optional residency: oldest use first, then the least used
-            never = torch.iinfo(torch.long).max
-            value = self.last_used[layer] * (1 << 20) + self.uses[layer].clamp(max=(1 << 20) - 1)
-            value[self.scratch_slot] = never
-            value.index_fill_(0, torch.where(wanted >= 0, wanted, self.scratch_slot).long(), never)
-            if taken:
-                value[torch.tensor(taken, device=self.device)] = never
-            if int((value < never).sum()) < short:
-                from engine.errors import CacheFullError
-
-                free.extend(reversed(taken))  # nothing was used
-                raise CacheFullError(
-                    f"the GPU KV budget holds {self.num_slots} pages per layer, fewer than "
-                    "this step's selected pages: raise --gpu-kv-budget or lower the sparse budget"
-                )
-            victims = torch.topk(value, short, largest=False).indices.tolist()
-            for s in victims:
-                u = self.unit_in[layer][s]
-                if u >= 0:
-                    self.slot_of[layer, u] = -1
-                self.unit_in[layer][s] = -1
-                self.uses[layer, s] = 0
-            self._stats.evicted += len(victims)
-            taken += victims
-        return taken
+    def _synthetic_scores(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
+        """Benchmarks with meaningless (dummy) weights: random scores, except that each page
+        this layer read at the step before wins again with probability `sparse.synthetic`
+        (0: a fresh random selection every step, the worst case for the GPU tier)."""
+        B, M = block_tables.shape
+        Hkv = self.Hkv
+        units = (
+            block_tables.long()[:, None, :] * Hkv
+            + torch.arange(Hkv, device=self.device)[None, :, None]
+        )
+        slot = self.slot_of[layer][units].long()
+        read_last = (slot >= 0) & (self.last_used[layer][slot.clamp(min=0)] == self.clock - 1)
+        keep = read_last & (torch.rand(B, Hkv, M, device=self.device) < self.sparse.synthetic)
+        return torch.rand(B, Hkv, M, device=self.device) + keep.float()
 
     def _oracle_scores(self, layer, q, block_tables, kv_lens, scale) -> torch.Tensor:
         """Exact attention mass per page (GQA group summed, max over the T queries)."""
@@ -325,7 +343,15 @@ class TieredKV:
             out[b, :, :n_pages] = mass.sum(-1).amax(0)
         return out
 
-    def end_step(self, max_len: int | None = None) -> None:
-        """A new step begins; `max_len`: its longest sequence (saves a device read)."""
+    def budget_for(self, max_len: int, max_pages: int) -> int:
+        """Pages per (sequence, KV head) that a step whose longest sequence has `max_len`
+        tokens selects (the selection's width, fixed per CUDA graph)."""
+        return min(self.sparse.budget_pages(-(-max_len // self.P), self.P), max_pages)
+
+    def end_step(self, max_len: int | None = None, budget: int | None = None) -> None:
+        """A new step begins; `max_len`: its longest sequence (saves a device read), or
+        `budget`: the page budget itself (a CUDA graph's)."""
         self._group_selection = None
-        self.step_max_len = max_len
+        if budget is None and max_len is not None:
+            budget = self.sparse.budget_pages(-(-max_len // self.P), self.P)
+        self.step_budget = budget

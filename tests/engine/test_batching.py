@@ -123,3 +123,21 @@ def test_lower_right_causal_matches_the_masked_reference(q_len, kv_len):
         q, k[None], v[None], attn_mask=mask, scale=0.25, enable_gqa=True
     )
     assert torch.allclose(lower_right_causal(q, k, v, 0.25), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_gather_from_the_host_tier_matches_gather_kv(use_triton):
+    """The host-tier gather (K and V halves of each page copied straight into place) gives
+    the rows gather_kv gives, for a shuffled page list and a partial last page."""
+    from kernels import HAS_TRITON, INTERPRET
+
+    if use_triton and not (HAS_TRITON and INTERPRET):
+        pytest.skip("the Triton path runs here under TRITON_INTERPRET=1")
+    from engine.attention import gather_kv, gather_kv_from_host
+
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(9, 3, 2, 16, 8, generator=g)  # [pages, Hkv, 2, P, D]
+    pages = torch.tensor([4, 0, 7, 2])
+    k, v = gather_kv_from_host(kv, pages, 55, torch.device("cpu"), use_triton=use_triton)
+    rk, rv = gather_kv(kv, pages, 55)
+    assert k.shape == (3, 55, 8) and torch.equal(k, rk) and torch.equal(v, rv)

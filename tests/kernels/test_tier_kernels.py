@@ -46,6 +46,19 @@ def test_gather_moves_exactly_the_listed_pages(dtype, path):
     assert torch.equal(gpu[1].cpu(), host[7]) and gpu[2].abs().sum() == 0  # untouched slot
 
 
+@needs_triton
+def test_gather_skips_entries_without_a_destination():
+    """A fixed-size fetch list (the engine's, built on the device) marks unused entries -1."""
+    host, gpu, _ = pools(torch.float32)
+    src = torch.tensor([7, 9, 22, 3], dtype=torch.int32)
+    dst = torch.tensor([1, -1, 0, -1], dtype=torch.int32)
+    expected = gpu.clone()
+    gather_reference(host, expected, src, dst)
+    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=3, use_triton=True)
+    assert torch.equal(gpu.cpu(), expected.cpu())
+    assert torch.equal(gpu[0].cpu(), host[22]) and gpu[2:].abs().sum() == 0
+
+
 def append_case(seed=0, Hkv=3, D=64, P=16):
     g = torch.Generator().manual_seed(seed)
     # 9 rows: three into page 2 (one call, same page: the summary merges them), others
