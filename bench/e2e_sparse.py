@@ -1,12 +1,29 @@
-"""End-to-end decode with the tiered sparse cache against dense-resident decode (dummy 8B).
+"""End-to-end decode with the tiered sparse KV cache (dummy 8B weights), against our own
+dense-resident mode and against transformers with its offloaded KV cache, in one process.
 
-python3 -m bench.e2e_sparse [--contexts 32768 131072] [--budget 0.02] [--gpu-kv-budget 6GiB]
+python3 -m bench.e2e_sparse --context 131072 --batch 1 [--dense] [--hf] \
+    [--variants quest realistic worst] [--budget 0.02] [--gpu-budget 24GiB] \
+    [--gpu-kv-budget 5GiB] [--new-tokens 32] [--json out.json]
 
-Dense-resident: the whole KV in GPU memory, paged decode kernel, CUDA graphs. Sparse: the
-KV pool in pinned host memory, a GPU slot pool of `--gpu-kv-budget` (the weights take 16 GB,
-so 6 GiB keeps the process near 24 GiB), per-layer selection and fetch, eager (no graphs).
-Dummy weights make attention meaningless; the prompt is random tokens. Decode tok/s over
-`--new-tokens` greedy tokens after the prompt, batch 1.
+- sparse (ours): the KV pool in pinned host memory (write-through), a GPU slot pool of
+  `--gpu-kv-budget`, `--budget` of each sequence's pages selected per (layer, KV head) and
+  step, decode steps in CUDA graphs. The whole process is capped at `--gpu-budget` of GPU
+  memory (torch.cuda.set_per_process_memory_fraction: an allocation past it fails) for the
+  prefill and the decode. Selection variants, on the same prefilled context (the prompts
+  are submitted again and come from the prefix cache):
+  - quest: the real path, Quest scores from the page summaries (with dummy weights the
+    scores are meaningless, but the work is the real work);
+  - realistic: random selections that keep each page read at the step before with
+    probability `--locality` (0.85: the step-to-step locality measured on the real default
+    model, docs/quality.md, 81-87%);
+  - worst: a fresh random selection every step (locality 0: sinks and window only).
+- dense-resident (ours, `--dense`): all KV on the GPU, paged decode kernel, CUDA graphs; not
+  capped (at 128K it needs 34 GiB).
+- transformers (`--hf`): `generate` with `cache_implementation="offloaded"` (each layer's KV
+  on the host, the next layer's prefetched), SDPA, bf16, the same random prompt; not capped.
+
+Decode tok/s counts every sequence's tokens between the moment all sequences have their
+first token and the moment the first one finishes. Dummy weights: token values mean nothing.
 """
 
 from __future__ import annotations
@@ -18,66 +35,190 @@ import time
 
 import torch
 
+GiB = 2**30
 
-def run(engine, ids, n_new) -> dict:
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def memory() -> dict:
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GiB,
+            "device_used_gib": (total - free) / GiB}  # fmt: skip
+
+
+def timed_decode(engine, prompts: list[list[int]], n_new: int) -> dict:
+    """Submit every prompt, step to the end; decode tok/s over the window where every
+    sequence decodes."""
     from engine import SamplingParams
 
-    req = engine.add_request(ids, SamplingParams(max_tokens=n_new, ignore_eos=True))
+    params = SamplingParams(max_tokens=n_new, ignore_eos=True)
     t0 = time.perf_counter()
-    first = None
-    while not req.done:
+    reqs = [engine.add_request(p, params) for p in prompts]
+    start = stop = None
+    while not all(r.done for r in reqs):
         engine.step()
-        if first is None and req.stats.completion_tokens:
-            torch.cuda.synchronize()
-            first = time.perf_counter()
-    torch.cuda.synchronize()
-    end = time.perf_counter()
-    n = req.stats.completion_tokens
-    return {"prefill_s": first - t0, "decode_tok_s": (n - 1) / (end - first),
-            "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
+        counts = [r.stats.completion_tokens for r in reqs]
+        if start is None and all(counts):
+            sync()
+            start = (time.perf_counter(), sum(counts))
+        if start is not None and stop is None and any(r.done for r in reqs):
+            sync()
+            stop = (time.perf_counter(), sum(counts))
+    tokens = stop[1] - start[1]
+    return {"prefill_s": start[0] - t0, "decode_tok_s": tokens / (stop[0] - start[0]),
+            "decode_tokens": tokens,
+            "cached_tokens": sum(r.stats.cached_tokens for r in reqs)}  # fmt: skip
 
 
-def main() -> None:
+def prompts_for(n: int, batch: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(n)
+    return [[rng.randrange(100, vocab) for _ in range(n)] for _ in range(batch)]
+
+
+def run_ours(args, mode: str) -> list[dict]:
     from agentctx.kv_snapshots import parse_size
     from engine import Engine
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
 
+    n, b = args.context, args.batch
+    window = n + args.new_tokens + 16
+    sparse = None
+    if mode == "sparse":
+        sparse = SparseConfig(budget_fraction=args.budget, summary="quest",
+                              gpu_kv_budget=parse_size(args.gpu_kv_budget))  # fmt: skip
+    pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
+    cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
+                       max_num_batched_tokens=min(window, args.chunk))  # fmt: skip
+    capped = mode == "sparse" and torch.cuda.is_available()
+    if capped:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
+    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+    engine = Engine.load(f"dummy:{args.preset}", device=args.device, config=cfg)
+    prompts = prompts_for(n, b, engine.model_config.vocab_size)
+    timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
+    rows = []
+    variants = args.variants if mode == "sparse" else ["dense-resident"]
+    for variant in variants:
+        tiers = engine.runner.tiers
+        if tiers is not None:
+            tiers.sparse.synthetic = {"quest": None, "realistic": args.locality,
+                                      "worst": 0.0}[variant]  # fmt: skip
+            engine.runner.reset_graphs()  # the selection path is part of the graph
+            tiers.reset_stats()
+        row = {"context": n, "batch": b, "mode": mode, "variant": variant,
+               **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
+        if tiers is not None:
+            st = tiers.stats
+            row.update(fetch_fraction=st.fetch_fraction, locality=st.locality,
+                       selected_per_layer_step=st.selected / max(1, st.steps),
+                       fetched_mb_per_token=st.fetched_bytes / max(1, st.steps) * tiers.L / 1e6,
+                       slots_per_layer=tiers.num_slots, graphs=len(engine.runner.graphs),
+                       capped_gib=parse_size(args.gpu_budget) / GiB if capped else None)  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del engine
+    if capped:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return rows
+
+
+def run_transformers(args) -> dict:
+    """transformers `generate`, greedy, with the offloaded cache; token times from a
+    streamer (its put() is called with each step's tokens; reading them waits for them)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.loader import DUMMY_PRESETS
+
+    n, b = args.context, args.batch
+    spec = {k: v for k, v in DUMMY_PRESETS[args.preset].items() if k != "architectures"}
+    spec["max_position_embeddings"] = max(spec["max_position_embeddings"], n + args.new_tokens)
+    hf_cfg = LlamaConfig(**spec)
+    hf_cfg._attn_implementation = "sdpa"
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(hf_cfg).eval()
+    torch.set_default_dtype(default)
+    ids = torch.tensor(prompts_for(n, b, hf_cfg.vocab_size), device=args.device)
+
+    class Clock:
+        def __init__(self):
+            self.times = []
+
+        def put(self, value):
+            value.cpu()
+            self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    def generate(tokens, new, model=model):
+        clock = Clock()
+        model.generate(tokens, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                       pad_token_id=0, cache_implementation=args.hf_cache, streamer=clock)  # fmt: skip
+        return clock.times
+
+    generate(ids[:, :512], 4)  # warm-up
+    t0 = time.perf_counter()
+    times = generate(ids, args.new_tokens)
+    # times[0]: the prompt handed to the streamer; times[1]: the first new token
+    row = {"context": n, "batch": b, "mode": f"transformers ({args.hf_cache} cache)",
+           "variant": "-", "prefill_s": times[1] - t0,
+           "decode_tok_s": b * (len(times) - 2) / (times[-1] - times[1]), **memory()}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    del model
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return row
+
+
+def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131000])
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--preset", default="llama-3.1-8b")
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget", type=float, default=0.02)
-    ap.add_argument("--gpu-kv-budget", default="6GiB")
+    ap.add_argument("--variants", nargs="+", default=["quest", "realistic", "worst"],
+                    choices=["quest", "realistic", "worst"])  # fmt: skip
+    ap.add_argument("--locality", type=float, default=0.85)
+    ap.add_argument("--gpu-budget", default="24GiB")
+    ap.add_argument("--gpu-kv-budget", default="5GiB")
+    ap.add_argument("--chunk", type=int, default=8192, help="prefill tokens per step")
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--dense", action="store_true", help="also our dense-resident mode")
+    ap.add_argument("--hf", action="store_true", help="also transformers, offloaded cache")
+    ap.add_argument("--hf-cache", default="offloaded")
+    ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    for n in args.contexts:
-        window = n + args.new_tokens + 16
-        rng = random.Random(n)
-        for mode in ("dense", "sparse"):
-            sparse = None
-            if mode == "sparse":
-                sparse = SparseConfig(budget_fraction=args.budget,
-                                      gpu_kv_budget=parse_size(args.gpu_kv_budget))  # fmt: skip
-            cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
-                               max_num_batched_tokens=min(window, 16384),
-                               num_pages=-(-window // 16) + 8)  # fmt: skip
-            torch.cuda.reset_peak_memory_stats()
-            engine = Engine.load("dummy:llama-3.1-8b", device="cuda", config=cfg)
-            ids = [rng.randrange(100, engine.model_config.vocab_size) for _ in range(n)]
-            run(engine, ids[:512], 4)  # warm up
-            row = {"context": n, "mode": mode, **run(engine, ids, args.new_tokens)}
-            if engine.runner.tiers is not None:
-                st = engine.runner.tiers.stats
-                row.update(fetch_fraction=st.fetch_fraction, locality=st.locality,
-                           slots_per_layer=engine.runner.tiers.num_slots)  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del engine
-            torch.cuda.empty_cache()
+    if args.hf:
+        rows.append(run_transformers(args))
+    if args.dense:
+        rows += run_ours(args, "dense")
+    rows += run_ours(args, "sparse")
+    print(f"\ncontext {args.context}, batch {args.batch}, budget {args.budget:.1%}, "
+          f"GPU KV tier {args.gpu_kv_budget}, cap {args.gpu_budget} (sparse only)")  # fmt: skip
     for r in rows:
-        print(f"{r['context']:>7} {r['mode']:>6} prefill {r['prefill_s']:7.2f} s  decode "
-              f"{r['decode_tok_s']:7.2f} tok/s  peak GPU {r['peak_gpu_gib']:5.1f} GiB"
-              + (f"  host fetch {r['fetch_fraction']:.1%}" if "fetch_fraction" in r else ""))  # fmt: skip
+        extra = ""
+        if "fetch_fraction" in r:
+            extra = (f"  host fetch {r['fetch_fraction']:6.1%}  locality {r['locality']:6.1%}  "
+                     f"{r['fetched_mb_per_token']:7.1f} MB/token")  # fmt: skip
+        mem = f"  peak {r['peak_allocated_gib']:5.1f} GiB" if "peak_allocated_gib" in r else ""
+        print(f"{r['mode']:>30} {r['variant']:>14}  prefill {r['prefill_s']:7.2f} s  decode "
+              f"{r['decode_tok_s']:8.2f} tok/s{mem}{extra}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,12 @@ def random_lists(B: int, n_pages: int, k: int, g: torch.Generator):
 
 def check_correctness(rows: list) -> None:
     from kernels.kv_append import append_kv, append_kv_reference
-    from kernels.page_score import empty_summaries, page_scores, page_scores_reference
+    from kernels.page_score import (
+        empty_summaries,
+        page_scores,
+        page_scores_reference,
+        select_pages,
+    )
     from kernels.sparse_decode import sparse_decode_attention, sparse_decode_reference
     from kernels.uva_gather import gather_pages, gather_reference
 
@@ -98,6 +103,17 @@ def check_correctness(rows: list) -> None:
         fin = torch.isfinite(r)
         err = ((a - r).abs()[fin] / r.abs()[fin].clamp(min=1)).max().item()
         rows.append((f"page scores ({mode}, TF32) vs reference, 32K", err, err < 1e-2))
+    small = summ[:, :2].to(DT)  # the engine's Quest layout: min/max in the keys' dtype
+    a = page_scores(q, small, tables.cuda(), lens, P, HKV, "quest")
+    r = page_scores_reference(q, small.float(), tables.cuda(), lens, P, HKV, "quest")
+    fin = torch.isfinite(r)
+    err = ((a - r).abs()[fin] / r.abs()[fin].clamp(min=1)).max().item()
+    rows.append(("page scores (quest, bf16 min/max) vs reference, 32K", err, err < 1e-2))
+    for budget in (41, 164):
+        got = select_pages(a, lens, P, budget, width=budget, use_triton=True)
+        ref = select_pages(a, lens, P, budget, width=budget, use_triton=False)
+        same = all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+        rows.append((f"top-k selection kernel vs topk + sort, 32K, {budget} pages", 0.0, same))
     host = torch.randn(4096, 2, P, D, generator=g).to(DT).pin_memory()
     dst, ref = (
         torch.zeros(512, 2, P, D, dtype=DT).cuda(),
@@ -154,7 +170,9 @@ def attention_speed(contexts, rows: list) -> None:
                 )
 
             t_dense = graph_time(dense)
-            summ = torch.randn(units, 3, D, device="cuda")
+            # the engine's layouts: Quest's min/max in the keys' dtype, mean's fp32 sum
+            summs = {"quest": torch.randn(units, 2, D, device="cuda", dtype=DT),
+                     "mean": torch.randn(units, 1, D, device="cuda")}  # fmt: skip
             tables = (
                 (torch.arange(B)[:, None] * n_pages + torch.arange(n_pages)[None, :])
                 .to(torch.int32)
@@ -174,7 +192,7 @@ def attention_speed(contexts, rows: list) -> None:
                 def selected(mode="quest", layers=1):
                     """Score every page, select, then the kernel for `layers` layers that
                     share the selection."""
-                    s = page_scores(q, summ, tables, lens, P, HKV, mode)
+                    s = page_scores(q, summs[mode], tables, lens, P, HKV, mode)
                     pg, cn = select_pages(s, lens, P, k, width=k)
                     uu = (base + pg).to(torch.int32)
                     for _ in range(layers):
@@ -192,7 +210,7 @@ def attention_speed(contexts, rows: list) -> None:
                     torch.nn.functional.scaled_dot_product_attention(qg, kk, vv, enable_gqa=True)
 
                 def scoring(block=16, mode="quest"):
-                    page_scores(q, summ, tables, lens, P, HKV, mode, block=block)
+                    page_scores(q, summs[mode], tables, lens, P, HKV, mode, block=block)
 
                 if frac == 0.02:
                     for mode in ("quest", "mean"):
@@ -201,16 +219,17 @@ def attention_speed(contexts, rows: list) -> None:
                             print(json.dumps({"context": N, "batch": B, "scoring": mode,
                                               "block": blk, "ms": t}), flush=True)  # fmt: skip
 
-                scores = page_scores(q, summ, tables, lens, P, HKV, "quest")
+                scores = page_scores(q, summs["quest"], tables, lens, P, HKV, "quest")
 
-                def selection():
-                    select_pages(scores, lens, P, k, width=k)
+                def selection(use_triton=True):
+                    select_pages(scores, lens, P, k, width=k, use_triton=use_triton)
 
                 t_kernel = graph_time(kernel)
                 t_sel = graph_time(selected)
                 t_shared4 = graph_time(lambda: selected(layers=4)) / 4  # one selection, 4 layers
                 t_mean_sel = graph_time(lambda: selected("mean"))
                 t_score, t_select = graph_time(scoring), graph_time(selection)
+                t_select_torch = graph_time(lambda: selection(False))
                 t_gather = graph_time(torch_gather)
                 rows.append({
                     "context": N, "batch": B, "budget": frac, "pages": k,
@@ -220,12 +239,12 @@ def attention_speed(contexts, rows: list) -> None:
                     "x_dense_mean_selection": t_dense / t_mean_sel,
                     "selection_shared_by_4_layers_ms_per_layer": t_shared4,
                     "x_dense_shared4": t_dense / t_shared4,
-                    "topk_selection_ms": t_select,
+                    "topk_selection_ms": t_select, "topk_selection_torch_ms": t_select_torch,
                     "x_dense_kernel": t_dense / t_kernel, "x_dense_selection": t_dense / t_sel,
                     "x_torch_gather": t_gather / t_kernel,
                 })  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
-            kv = kd = k_dense = v_dense = summ = None  # free before the next size
+            kv = kd = k_dense = v_dense = summs = None  # free before the next size
             torch.cuda.empty_cache()
 
 

@@ -320,6 +320,15 @@ class ModelRunner:
             tiers.end_step()
         torch.cuda.synchronize()
 
+    def reset_graphs(self) -> None:
+        """Drop the captured decode graphs of the tiered cache (they are captured again when
+        needed), e.g. after its selection settings change."""
+        if self.tiers is not None and self.use_graphs:
+            torch.cuda.synchronize()
+            self.graphs.clear()
+            self.graph_logits.clear()
+            self.graph_argmax.clear()
+
     def _run_graph(
         self, ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device: bool = False
     ) -> torch.Tensor:
