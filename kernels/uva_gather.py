@@ -67,7 +67,8 @@ def gather_pages(
         gather_reference(src, dst, src_units, dst_units)
         return
     if on_gpu and not src.is_cuda:
-        assert src.is_pinned(), "the host pool must be pinned to be read through UVA"
+        if not torch.cuda.is_current_stream_capturing():
+            assert src.is_pinned(), "the host pool must be pinned to be read through UVA"
         src_arg = HostPointer(src)
     else:
         assert INTERPRET or src.device == dst.device

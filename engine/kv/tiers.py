@@ -190,13 +190,15 @@ class TieredKV:
         first = torch.where(fresh, units, self.scratch_unit)
         kf = k.reshape(-1, D).to(self.device, s.dtype)
         if rows["min"] >= 0:
-            s[first, rows["min"]] = float("inf")
-            s[first, rows["max"]] = float("-inf")
+            # index_fill_, not item assignment: a Python scalar there is a host-to-device
+            # copy, which a CUDA graph cannot hold
+            s[:, rows["min"]].index_fill_(0, first, float("inf"))
+            s[:, rows["max"]].index_fill_(0, first, float("-inf"))
             idx = units[:, None].expand(-1, D)
             s[:, rows["min"]].scatter_reduce_(0, idx, kf, "amin")
             s[:, rows["max"]].scatter_reduce_(0, idx, kf, "amax")
         if rows["sum"] >= 0:
-            s[first, rows["sum"]] = 0.0
+            s[:, rows["sum"]].index_fill_(0, first, 0.0)
             s[:, rows["sum"]].index_add_(0, units, kf)
         slot = self.slot_of[layer, units].long()
         dst = torch.where(slot >= 0, slot, self.scratch_slot)
@@ -279,17 +281,17 @@ class TieredKV:
         never = torch.iinfo(torch.long).max
         value = last_used * (1 << 20) + uses.clamp(max=(1 << 20) - 1)
         value.index_fill_(0, torch.where(missing, self.scratch_slot, slot), never)
-        value[self.scratch_slot] = never
+        value[self.scratch_slot].fill_(never)
         victims = torch.topk(value, n, largest=False, sorted=True).indices
         rank = (torch.cumsum(owner, 0) - 1).clamp(min=0)
         dst = torch.where(owner, victims[rank], self.scratch_slot)
         old = unit_in[dst]
         evicted = owner & (old >= 0)
-        slot_of[torch.where(evicted, old, self.scratch_unit)] = -1
+        slot_of.index_fill_(0, torch.where(evicted, old, self.scratch_unit), -1)
         slot_of[torch.where(owner, u, self.scratch_unit)] = dst.to(torch.int32)
-        slot_of[self.scratch_unit] = self.scratch_slot
+        slot_of[self.scratch_unit].fill_(self.scratch_slot)
         unit_in[dst] = torch.where(owner, u, self.scratch_unit)
-        uses[dst] = 0
+        uses.index_fill_(0, dst, 0)
         gather_pages(self.host_units[layer], self.slots[layer],
                      torch.where(owner, u, 0).to(torch.int32),
                      torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
