@@ -15,6 +15,16 @@ except ImportError:  # pragma: no cover - depends on the install
     HAS_TRITON = False
 
 
+def host_pointer(t, what: str = "a host KV pool") -> HostPointer:
+    """The argument a kernel reads or writes pinned host memory through. The pinned check is
+    skipped during CUDA graph capture (it queries the driver, which capture forbids)."""
+    import torch
+
+    if not torch.cuda.is_current_stream_capturing():
+        assert t.is_pinned(), f"{what} must be pinned to be used from the GPU (UVA)"
+    return HostPointer(t)
+
+
 class HostPointer:
     """A pinned host tensor as Triton sees a kernel argument: its address (which CUDA maps
     into the device's address space, unified virtual addressing) and its dtype. Triton

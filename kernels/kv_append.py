@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import HAS_TRITON, INTERPRET, HostPointer
+from kernels import HAS_TRITON, INTERPRET, host_pointer
 
 if HAS_TRITON:
     import triton
@@ -83,8 +83,7 @@ def append_kv(
         return
     host_arg = host
     if k.is_cuda and not host.is_cuda:
-        assert host.is_pinned(), "the host pool must be pinned to be written through UVA"
-        host_arg = HostPointer(host)
+        host_arg = host_pointer(host)
     else:
         assert INTERPRET or host.device == k.device
     has_gpu = slots is not None

@@ -17,9 +17,11 @@ then the max over the T query tokens (a verification's queries share one selecti
 
 `page_scores` runs the Triton kernel (grid: (B * Hkv, page blocks)); `select_pages` turns
 scores into page lists (sinks, local window, top-k, optional stochastic tail). Its top-k
-without a tail runs as a Triton kernel too (one program per (sequence, KV head): a bisection
-on the scores' bit patterns finds the k-th largest, then one pass writes the chosen pages in
-ascending order), where torch.topk and a sort took 0.14 ms at 128K, batch 8.
+without a tail runs as a Triton kernel too (one program per (sequence, KV head): a radix
+select over the scores' bit patterns, four histogram passes of 8 bits, finds the k-th
+largest, then one pass writes the chosen pages in ascending order), where torch.topk and a
+sort took 0.14 ms at 128K, batch 8. (A first version bisected the 32 bits one by one: 32
+passes, 0.11 ms at 128K and 0.44 ms at 500K, slower than torch there.)
 """
 
 from __future__ import annotations
@@ -109,29 +111,29 @@ if HAS_TRITON:
         k = tl.minimum(budget, n_pages)
         row = S + b * s_sb + h * s_sh
         o = tl.arange(0, BLOCK)
-        # the k-th largest key, by bisection on [lo, hi] (int64: no overflow at the ends).
-        # Keys are the scores' bits made order-preserving as int32; the sinks and the window
-        # get the largest key, so they are always chosen. Invariant: at least k keys >= lo,
-        # fewer than k keys > hi.
-        lo = tl.full([], -2147483648, tl.int64)
-        hi = tl.full([], 2147483647, tl.int64)
-        for _ in range(32):
-            mid = lo + (hi - lo + 1) // 2
-            count = tl.zeros([], tl.int32)
+        # Radix select of the k-th largest key, 8 bits per pass from the top. Keys are the
+        # scores' bits made order-preserving as unsigned 32-bit values; the sinks and the
+        # window get the largest key, so they are always chosen. After each pass `prefix`
+        # holds the top digits of the k-th largest key and `want` how many keys that share
+        # those digits are still to be taken.
+        bins = tl.arange(0, 512)  # 256 digits; bin 256 collects the keys out of the race
+        prefix = tl.zeros([], tl.int64)
+        want = k
+        for shift in tl.static_range(24, -8, -8):
+            hist = tl.zeros([512], tl.int32)
             for start in range(0, M, BLOCK):
                 p = start + o
                 key = _sort_key(row, p, n_pages, SINKS, WINDOW)
-                count += tl.sum(((key >= mid) & (p < n_pages)).to(tl.int32), 0)
-            lo = tl.where(count >= k, mid, lo)
-            hi = tl.where(count >= k, hi, mid - 1)
-        t = lo
-        above = tl.zeros([], tl.int32)
-        for start in range(0, M, BLOCK):
-            p = start + o
-            key = _sort_key(row, p, n_pages, SINKS, WINDOW)
-            above += tl.sum(((key > t) & (p < n_pages)).to(tl.int32), 0)
-        # ties at the k-th key: the lowest page indices among them
-        ties_wanted = k - above
+                racing = (p < n_pages) & ((key >> (shift + 8)) == prefix)
+                hist += tl.histogram(tl.where(racing, (key >> shift) & 255, 256).to(tl.int32), 512)
+            hist = tl.where(bins < 256, hist, 0)
+            at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with digit >= bin
+            digit = tl.max(tl.where((at_least >= want) & (bins < 256), bins, 0), 0)
+            want -= tl.sum(tl.where(bins == digit, at_least - hist, 0), 0)
+            prefix = prefix * 256 + digit
+        t = prefix
+        # every key above t is chosen, and `want` of the keys equal to t: the lowest pages
+        ties_wanted = want
         written = tl.zeros([], tl.int32)
         ties = tl.zeros([], tl.int32)
         for start in range(0, M, BLOCK):
@@ -155,9 +157,9 @@ if HAS_TRITON:
     def _sort_key(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
         x = tl.load(row + p, mask=p < n_pages, other=0.0)
         bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
         forced = (p < SINKS) | (p >= n_pages - WINDOW)
-        return tl.where(forced, 2147483647, key)
+        return tl.where(forced, 4294967295, key)  # unsigned order in [0, 2^32)
 
 
 def page_scores(

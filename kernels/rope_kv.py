@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import HAS_TRITON, HostPointer
+from kernels import HAS_TRITON, host_pointer
 
 if HAS_TRITON:
     import triton
@@ -77,8 +77,7 @@ def rope_kv(q, k, v, cos, sin, kv, slot_pages, slot_offsets, use_triton: bool | 
     k_out = torch.empty(T, Hkv, D, device=q.device, dtype=q.dtype)
     kv_arg = kv
     if q.is_cuda and not kv.is_cuda:  # the host tier: pinned memory, written through UVA
-        assert kv.is_pinned(), "a host KV pool must be pinned to be written from the GPU"
-        kv_arg = HostPointer(kv)
+        kv_arg = host_pointer(kv)
     _rope_kv_kernel[(T, Hq + Hkv)](
         q, k, v, cos, sin, slot_pages, slot_offsets, kv_arg, out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

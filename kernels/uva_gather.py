@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import HAS_TRITON, INTERPRET, HostPointer
+from kernels import HAS_TRITON, INTERPRET, host_pointer
 
 if HAS_TRITON:
     import triton
@@ -67,9 +67,7 @@ def gather_pages(
         gather_reference(src, dst, src_units, dst_units)
         return
     if on_gpu and not src.is_cuda:
-        if not torch.cuda.is_current_stream_capturing():
-            assert src.is_pinned(), "the host pool must be pinned to be read through UVA"
-        src_arg = HostPointer(src)
+        src_arg = host_pointer(src)
     else:
         assert INTERPRET or src.device == dst.device
         src_arg = src
