@@ -303,7 +303,8 @@ class TieredKV:
         acc[_C["evicted"]] += evicted.sum()
         acc[_C["locality_hits"]] += hit.sum()
         acc[_C["locality_total"]] += valid.sum()
-        last_used.index_fill_(0, slot, self.clock)
+        # (index_fill_ with a tensor value reads it on the host: not in a CUDA graph)
+        last_used.index_put_((slot,), self.clock.expand(slot.shape))
         uses.index_add_(0, slot, torch.ones_like(slot))
         return slot.to(torch.int32)
 
