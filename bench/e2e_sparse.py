@@ -75,6 +75,26 @@ def timed_decode(engine, prompts: list[list[int]], n_new: int) -> dict:
             "cached_tokens": sum(r.stats.cached_tokens for r in reqs)}  # fmt: skip
 
 
+def model_spec(args) -> dict:
+    """The preset with a window that holds the context (Llama-3.1-8B's is 128K tokens;
+    RoPE past it is extrapolation, which dummy weights do not mind)."""
+    from engine.loader import DUMMY_PRESETS
+
+    spec = dict(DUMMY_PRESETS[args.preset])
+    need = args.context + args.new_tokens + 64
+    spec["max_position_embeddings"] = max(spec["max_position_embeddings"], need)
+    return spec
+
+
+def model_config(args) -> str:
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "config.json"
+    path.write_text(json.dumps(model_spec(args)))
+    return str(path)
+
+
 def prompts_for(n: int, batch: int, vocab: int) -> list[list[int]]:
     rng = random.Random(n)
     return [[rng.randrange(100, vocab) for _ in range(n)] for _ in range(batch)]
@@ -87,7 +107,7 @@ def run_ours(args, mode: str) -> list[dict]:
     from engine.kv import SparseConfig
 
     n, b = args.context, args.batch
-    window = n + args.new_tokens + 16
+    window = n + args.new_tokens + 32
     sparse = None
     if mode == "sparse":
         sparse = SparseConfig(budget_fraction=args.budget, summary="quest",
@@ -100,7 +120,7 @@ def run_ours(args, mode: str) -> list[dict]:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
     torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
-    engine = Engine.load(f"dummy:{args.preset}", device=args.device, config=cfg)
+    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
     prompts = prompts_for(n, b, engine.model_config.vocab_size)
     timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
     rows = []
@@ -135,11 +155,8 @@ def run_transformers(args) -> dict:
     streamer (its put() is called with each step's tokens; reading them waits for them)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.loader import DUMMY_PRESETS
-
     n, b = args.context, args.batch
-    spec = {k: v for k, v in DUMMY_PRESETS[args.preset].items() if k != "architectures"}
-    spec["max_position_embeddings"] = max(spec["max_position_embeddings"], n + args.new_tokens)
+    spec = {k: v for k, v in model_spec(args).items() if k != "architectures"}
     hf_cfg = LlamaConfig(**spec)
     hf_cfg._attn_implementation = "sdpa"
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
