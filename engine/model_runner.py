@@ -326,6 +326,7 @@ class ModelRunner:
         if self.tiers is not None and self.use_graphs:
             torch.cuda.synchronize()
             self.graphs.clear()
+            self.graph_pool = None  # a pool whose graphs are all gone cannot be reused
             self.graph_logits.clear()
             self.graph_argmax.clear()
 

@@ -141,10 +141,10 @@ class TieredKV:
         self.uses = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
         self._claim = torch.zeros(units + 1, dtype=torch.long, device=device)
         mode = None if sparse.oracle else sparse.summary
-        self.summ = torch.stack([
-            empty_summaries(units + 1, self.D, device, mode=mode, dtype=host_pool.dtype)
-            for _ in range(self.L)
-        ])  # fmt: skip
+        # one allocation for every layer (at 500K tokens: 3.8 GiB of Quest summaries)
+        summ = empty_summaries(self.L * (units + 1), self.D, device, mode=mode,
+                               dtype=host_pool.dtype)  # fmt: skip
+        self.summ = summ.view(self.L, units + 1, *summ.shape[1:])
         self.rows = summary_rows(mode)
         self.clock = torch.zeros((), dtype=torch.long, device=device)  # decode steps
         # device-side counters, read when `stats` is asked for: see _COUNTERS
