@@ -1,0 +1,64 @@
+"""The GPU tier's slot allocator (engine.kv.TieredKV._ensure_resident), run on the CPU: after
+any sequence of fetches the page table and the slot owners agree, every resident slot holds
+exactly its page's rows from the host tier, the scratch entries stay put, and the slots
+a step reads are never taken by that step's own misses."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv import SparseConfig, TieredKV
+
+
+def make(num_slots: int, pages: int = 40, L: int = 2, Hkv: int = 3, P: int = 16, D: int = 8):
+    host = torch.randn(L, pages, Hkv, 2, P, D)
+    unit_bytes = 2 * P * D * 4
+    sp = SparseConfig(budget_fraction=0.1, gpu_kv_budget=num_slots * L * unit_bytes)
+    return TieredKV(None, host, P, sp, torch.device("cpu")), host
+
+
+def check_consistent(t: TieredKV, host: torch.Tensor) -> None:
+    for layer in range(t.L):
+        unit_in = t.unit_in[layer, : t.num_slots]
+        held = (unit_in >= 0).nonzero().flatten()
+        assert torch.equal(t.slot_of[layer, unit_in[held]].long(), held)
+        assert int((t.slot_of[layer, : t.scratch_unit] >= 0).sum()) == len(held)
+        units = host[layer].reshape(-1, 2, t.P, t.D)
+        assert torch.equal(t.slots[layer, held], units[unit_in[held]])
+        assert int(t.slot_of[layer, t.scratch_unit]) == t.scratch_slot
+        assert int(t.unit_in[layer, t.scratch_slot]) == t.scratch_unit
+
+
+def test_random_steps_keep_the_page_table_and_the_slots_exact():
+    t, host = make(num_slots=24)
+    g = torch.Generator().manual_seed(0)
+    units_total = t.scratch_unit
+    for _ in range(60):
+        t.clock += 1
+        for layer in range(t.L):
+            n = 20  # entries of one step: some invalid, some repeated (shared pages)
+            units = torch.randint(0, units_total, (n,), generator=g)
+            units[5] = units[4]
+            valid = torch.rand(n, generator=g) < 0.8
+            slots = t._ensure_resident(layer, units, valid)
+            assert torch.equal(t.slot_of[layer, units[valid]].long(), slots[valid].long())
+            assert (slots[~valid] == t.scratch_slot).all()
+            # this step's units are all resident and distinct units have distinct slots
+            got = dict(zip(units[valid].tolist(), slots[valid].tolist(), strict=True))
+            assert len(set(got.values())) == len(got)
+            check_consistent(t, host)
+    st = t.stats
+    assert st.fetched > 0 and st.evicted > 0
+    assert st.fetched - st.evicted == t.resident_units()  # no slot leaked or lost
+
+
+def test_a_full_tier_evicts_the_oldest_pages_first():
+    t, host = make(num_slots=6, L=1)
+    for u in range(6):  # fill the tier, one page per step
+        t.clock += 1
+        t._ensure_resident(0, torch.tensor([u]), torch.tensor([True]))
+    t.clock += 1
+    t._ensure_resident(0, torch.tensor([0, 1, 10]), torch.tensor([True, True, True]))
+    resident = set(t.unit_in[0, : t.num_slots].tolist())
+    assert {0, 1, 10} <= resident and 2 not in resident  # 2 was the oldest not read now
+    check_consistent(t, host)
