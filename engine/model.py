@@ -103,6 +103,8 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.forward(x, residual)
         h = self.self_attn.forward(h, kv, ctx)
         h, residual = self.post_attention_layernorm.forward(h, residual)
+        if ctx.tier_tables is not None:  # sparse decode: Forecast prefetch for the next layer
+            ctx.tiers.after_attention(self.self_attn.layer_idx, residual, ctx)
         return self.mlp.forward(h), residual
 
 

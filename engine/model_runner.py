@@ -47,6 +47,10 @@ class ModelRunner:
             from engine.kv import TieredKV
 
             self.tiers = TieredKV(cfg, self.kv.pool, self.page_size, engine_cfg.sparse, device)
+            if engine_cfg.sparse.forecast == "free":
+                from engine.kv.forecast import TrainingFreeForecast
+
+                self.tiers.forecast = TrainingFreeForecast(model)
         # decode graphs by batch size; with the tiered cache by (batch size, page budget),
         # captured when first needed (the budget grows with the context)
         self.graphs: dict[int | tuple[int, int], torch.cuda.CUDAGraph] = {}

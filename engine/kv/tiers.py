@@ -57,6 +57,8 @@ class SparseConfig:
     # benchmarks with dummy weights only: random selections that keep each page read at the
     # step before with this probability (0: fresh random pages every step, the worst case)
     synthetic: float | None = None
+    # Forecast prefetch (engine.kv.forecast): "off", or "free" (training-free predictor)
+    forecast: str = "off"
     gpu_kv_budget: int | None = None  # bytes for the GPU slot pools; None: room for all pages
     seed: int = 0
 
@@ -69,6 +71,8 @@ class SparseConfig:
             raise ValueError(f"summary must be quest or mean, got {self.summary!r}")
         if self.layer_group < 1 or self.sink_pages < 0 or self.window_pages < 1:
             raise ValueError("layer_group >= 1, sink_pages >= 0 and window_pages >= 1")
+        if self.forecast not in ("off", "free"):
+            raise ValueError(f"forecast must be off or free, got {self.forecast!r}")
 
     def budget_pages(self, n_pages: int, page_size: int) -> int:
         want = 0
@@ -80,7 +84,8 @@ class SparseConfig:
 
 
 _COUNTERS = ("steps", "selected", "max_selected", "fetched", "evicted", "locality_hits",
-             "locality_total")  # fmt: skip
+             "locality_total", "demand_fetched", "prefetched", "prefetch_hits", "prefetch_waste",
+             "recall_hits", "recall_total")  # fmt: skip
 _C = {name: i for i, name in enumerate(_COUNTERS)}
 
 
@@ -98,6 +103,19 @@ class TierStats:
     # selected at the step before (for the same sequence slot and head)
     locality_hits: int = 0
     locality_total: int = 0
+    # Forecast prefetch: pages fetched at attention time (on the critical path) and ahead of
+    # it; prefetched pages the exact selection then read (hits) or did not (waste); recall
+    # of the predicted selections against the exact ones
+    demand_fetched: int = 0
+    prefetched: int = 0
+    prefetch_hits: int = 0
+    prefetch_waste: int = 0
+    recall_hits: int = 0
+    recall_total: int = 0
+
+    @property
+    def recall(self) -> float:
+        return self.recall_hits / self.recall_total if self.recall_total else 0.0
 
     @property
     def locality(self) -> float:
@@ -151,6 +169,14 @@ class TieredKV:
         self._acc = torch.zeros(len(_COUNTERS), dtype=torch.long, device=device)
         self._group_selection: tuple | None = None
         self.step_budget: int | None = None
+        # Forecast: the predictor (set by the model runner), slots filled by a prefetch and
+        # not read yet, each layer's predicted page ids, and the side stream on a GPU
+        self.forecast = None
+        self.prefetched = torch.zeros(self.L, self.num_slots + 1, dtype=torch.bool, device=device)
+        self._predicted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pending: dict[int, torch.cuda.Event] = {}
+        self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
+        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
 
     # -- sizes for the meter ----------------------------------------------------------------
@@ -162,15 +188,11 @@ class TieredKV:
     def stats(self) -> TierStats:
         """The counters (reading them waits for the device)."""
         c = dict(zip(_COUNTERS, self._acc.tolist(), strict=True))
-        return TierStats(
-            steps=c["steps"], selected=c["selected"], fetched=c["fetched"],
-            fetched_bytes=c["fetched"] * self.unit_bytes, evicted=c["evicted"],
-            max_selected=c["max_selected"], locality_hits=c["locality_hits"],
-            locality_total=c["locality_total"],
-        )  # fmt: skip
+        return TierStats(**c, fetched_bytes=c["fetched"] * self.unit_bytes)
 
     def reset_stats(self) -> None:
         self._acc.zero_()
+        self.recall_by_layer.zero_()
 
     # -- appends ----------------------------------------------------------------------------
 
@@ -181,6 +203,7 @@ class TieredKV:
         whose first row is written is a fresh page: its summary starts again. (Its slot, if
         it has one, stays: it still holds that page of that head, and rows are written in
         order, so every row a query can see is fresh.) No host round trip."""
+        self._join(layer)
         Hkv, D = self.Hkv, self.D
         heads = torch.arange(Hkv, device=self.device)
         pages_d, offs = pages.to(self.device).long(), offsets.to(self.device).long()
@@ -213,26 +236,11 @@ class TieredKV:
         """q [B, T, Hq, D] (the last T positions of each sequence) -> [B, T, Hq, D]. Runs
         on the device only (no host round trip), so a decode step can be a CUDA graph."""
         B, T, Hq, D = q.shape
-        sp, P, Hkv = self.sparse, self.P, self.Hkv
+        sp, Hkv = self.sparse, self.Hkv
         if layer == 0:
             self.clock += 1
         if layer % sp.layer_group == 0 or self._group_selection is None:
-            budget = self.step_budget
-            if budget is None:  # a device read: callers say the step's length in end_step
-                budget = self.budget_for(int(kv_lens.max()), block_tables.shape[1])
-            budget = min(budget, block_tables.shape[1])
-            if sp.oracle:
-                scores = self._oracle_scores(layer, q, block_tables, kv_lens, scale)
-            elif sp.synthetic is not None:
-                scores = self._synthetic_scores(layer, block_tables)
-            else:
-                scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
-            pages, counts = select_pages(
-                scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
-                generator=self._gen if sp.tail_pages else None,
-                width=None if sp.tail_pages else budget,
-            )  # fmt: skip
-            self._group_selection = (pages, counts)
+            self._group_selection = self._select(layer, q, block_tables, kv_lens, scale)
         pages, counts = self._group_selection
         width = pages.shape[-1]
         if B * Hkv * width > self.num_slots:
@@ -247,6 +255,17 @@ class TieredKV:
         page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
         units = page_ids.view(B, Hkv, -1) * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
         valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
+        predicted = self._predicted.pop(layer, None)
+        if predicted is not None:  # recall@k of the forecast against this exact selection
+            p_ids, p_valid = predicted
+            same = (page_ids.view(B, Hkv, -1)[..., :, None] == p_ids[..., None, :]) & p_valid[
+                ..., None, :
+            ]
+            hits, total = (same.any(-1) & valid).sum(), valid.sum()
+            self._acc[_C["recall_hits"]] += hits
+            self._acc[_C["recall_total"]] += total
+            self.recall_by_layer[layer, 0] += hits
+            self.recall_by_layer[layer, 1] += total
         slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         out = sparse_decode_attention(
             q.contiguous(), self.slots[layer], slots.view(B, Hkv, width), pages.to(torch.int32),
@@ -259,8 +278,76 @@ class TieredKV:
         acc[_C["steps"]] += 1
         return out
 
+    def _select(self, layer, q, block_tables, kv_lens, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores of every page of each (sequence, KV head) for queries q, then the selection
+        (pages [B, Hkv, budget], counts [B, Hkv])."""
+        sp, P, Hkv = self.sparse, self.P, self.Hkv
+        budget = self.step_budget
+        if budget is None:  # a device read: callers say the step's length in end_step
+            budget = self.budget_for(int(kv_lens.max()), block_tables.shape[1])
+        budget = min(budget, block_tables.shape[1])
+        if sp.oracle:
+            scores = self._oracle_scores(layer, q, block_tables, kv_lens, scale)
+        elif sp.synthetic is not None:
+            scores = self._synthetic_scores(layer, block_tables)
+        else:
+            scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
+        return select_pages(
+            scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
+            generator=self._gen if sp.tail_pages else None,
+            width=None if sp.tail_pages else budget,
+        )  # fmt: skip
+
+    # -- Forecast prefetch ------------------------------------------------------------------
+
+    def after_attention(self, layer: int, residual: torch.Tensor, ctx) -> None:
+        """Layer `layer`'s attention is done (residual: the stream before its MLP): predict
+        the next layer's selection and fetch its missing pages, on a side stream on a GPU."""
+        nxt = layer + 1
+        if self.forecast is None or nxt >= self.L or nxt % self.sparse.layer_group:
+            return
+        tables, lens = ctx.tier_tables, ctx.tier_lens
+        B = tables.shape[0]
+        q = self.forecast.query(nxt, residual, ctx)
+        q = q.view(B, q.shape[0] // B, *q.shape[1:])
+        if self._side is None:
+            self.prefetch(nxt, q, tables, lens)
+            return
+        main = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            self.prefetch(nxt, q, tables, lens)
+        for t in (q, tables, lens):
+            t.record_stream(self._side)
+        done = torch.cuda.Event()
+        done.record(self._side)
+        self._pending[nxt] = done
+
+    def _join(self, layer: int) -> None:
+        """The main stream waits for the prefetch of `layer` (it shares the page table)."""
+        done = self._pending.pop(layer, None)
+        if done is not None:
+            torch.cuda.current_stream(self.device).wait_event(done)
+
+    def prefetch(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
+                 kv_lens: torch.Tensor) -> None:  # fmt: skip
+        """Select `layer`'s pages for the predicted queries q [B, T, Hq, D] and make them
+        resident (the exact selection at that layer will read what it needs regardless)."""
+        B, Hkv = q.shape[0], self.Hkv
+        scale = q.shape[-1] ** -0.5
+        pages, counts = self._select(layer, q, block_tables, kv_lens, scale)
+        width = pages.shape[-1]
+        if B * Hkv * width > self.num_slots:
+            return  # the exact step will say so
+        page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
+        page_ids = page_ids.view(B, Hkv, width)
+        units = page_ids * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
+        valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
+        self._predicted[layer] = (page_ids, valid)
+        self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1), prefetch=True)
+
     def _ensure_resident(
-        self, layer: int, units: torch.Tensor, valid: torch.Tensor
+        self, layer: int, units: torch.Tensor, valid: torch.Tensor, prefetch: bool = False
     ) -> torch.Tensor:
         """Slots [N] int32 of `units` [N] (entries where `valid` is false read the scratch
         slot); every valid unit is resident afterwards. Missing units take the least valuable
@@ -296,11 +383,24 @@ class TieredKV:
                      torch.where(owner, u, 0).to(torch.int32),
                      torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
         slot = slot_of[u].long()
-        # locality: valid units that this layer also read at the step before
-        hit = valid & ~missing & (last_used[slot] == self.clock - 1)
         acc = self._acc
         acc[_C["fetched"]] += owner.sum()
         acc[_C["evicted"]] += evicted.sum()
+        pf = self.prefetched[layer]
+        if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
+            acc[_C["prefetched"]] += owner.sum()
+            pf.index_put_((dst,), owner)
+            pf[self.scratch_slot].fill_(False)
+            return slot.to(torch.int32)
+        acc[_C["demand_fetched"]] += owner.sum()
+        if self.forecast is not None:
+            used = valid & pf[slot]
+            acc[_C["prefetch_hits"]] += used.sum()
+            pf.index_fill_(0, slot, False)
+            acc[_C["prefetch_waste"]] += pf.sum()
+            pf.zero_()
+        # locality: valid units that this layer also read at the step before
+        hit = valid & ~missing & (last_used[slot] == self.clock - 1)
         acc[_C["locality_hits"]] += hit.sum()
         acc[_C["locality_total"]] += valid.sum()
         # (index_fill_ with a tensor value reads it on the host: not in a CUDA graph)

@@ -1,0 +1,69 @@
+"""Forecast prefetch (engine.kv.forecast) with the real default model in exact fp32 mode:
+prefetching changes what is fetched and when, never the tokens; the training-free predictor's
+recall of the exact selection is measured and must beat the trivial predictor (the pages
+the same layer read at the step before)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import Engine, SamplingParams
+from engine.config import EngineConfig
+from engine.kv import SparseConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
+UNIT = 2 * 16 * 64 * 4  # one page of one KV head, fp32
+
+
+def load(forecast: str) -> Engine:
+    # 60 slots per layer: most of the ~190 page-heads of context live only on the host
+    sparse = SparseConfig(budget_fraction=0.1, gpu_kv_budget=30 * 60 * UNIT, forecast=forecast)
+    return Engine.load(
+        None, device="cpu", dtype="float32", weights="dense", config=EngineConfig(sparse=sparse)
+    )
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = {}
+    for forecast in ("off", "free"):
+        engine = load(forecast)
+        text = (ROOT / "README.md").read_text()[:3000]
+        prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
+        tokens = engine.generate([prompt], PARAMS)[0].token_ids
+        out[forecast] = (tokens, engine.runner.tiers.stats, engine.runner.tiers)
+    return out
+
+
+def test_prefetch_changes_speed_never_tokens(runs):
+    plain, plain_stats, _ = runs["off"]
+    tokens, stats, _ = runs["free"]
+    assert tokens == plain and len(tokens) == 24
+    assert plain_stats.prefetched == 0 and plain_stats.demand_fetched == plain_stats.fetched
+    # most of what the exact selections needed was already fetched ahead
+    assert stats.prefetched > 0 and stats.prefetch_hits > stats.demand_fetched
+    assert stats.demand_fetched < plain_stats.demand_fetched / 2
+    assert stats.prefetch_hits + stats.prefetch_waste == stats.prefetched
+
+
+def test_training_free_recall_beats_the_previous_steps_pages(runs):
+    """Floor: measured 0.93 on this prompt at 10% (0.94 at 25%). The trivial predictor,
+    this layer's pages of the step before, scores what the locality statistic measures
+    (81-87% on the quality documents, docs/quality.md): 0.85, and above the locality of the
+    same run, say the predictor reads the next layer's query, not just recency."""
+    _, stats, tiers = runs["free"]
+    assert stats.recall > 0.85
+    assert stats.recall > stats.locality
+    per_layer = tiers.recall_by_layer
+    assert int(per_layer[0, 1]) == 0  # nothing predicts layer 0
+    assert (per_layer[1:, 1] > 0).all()
+
+
+def test_forecast_setting_is_checked():
+    with pytest.raises(ValueError, match="forecast"):
+        SparseConfig(budget_fraction=0.1, forecast="psychic")
