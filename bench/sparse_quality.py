@@ -32,10 +32,21 @@ import torch
 BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "books" / "moby_dick.txt"
 
 
+FORECAST = False  # --forecast: the Forecast configs instead of the summary/tail ones
+
+
 def configs():
     from engine.kv import SparseConfig
 
     out = [("dense", None)]
+    if FORECAST:
+        for frac in (0.02, 0.05, 0.10):
+            out.append((f"quest {frac:.0%} +forecast",
+                        SparseConfig(budget_fraction=frac, forecast="free")))  # fmt: skip
+            out.append((f"quest {frac:.0%} forecast-only",
+                        SparseConfig(budget_fraction=frac, forecast="free",
+                                     forecast_only=True)))  # fmt: skip
+        return out
     for frac in (0.02, 0.05, 0.10, 0.20):
         out.append((f"quest {frac:.0%}", SparseConfig(budget_fraction=frac)))
         out.append((f"mean {frac:.0%}", SparseConfig(budget_fraction=frac, summary="mean")))
@@ -112,7 +123,7 @@ class Runner:
         units = torch.arange(t.Hkv) + page * t.Hkv
         for layer in range(t.L):
             reset_summaries(t.summ[layer], units)
-            t._drop(layer, units)
+            t.drop(layer, units)
             k = t.host[layer, page, :, 0, :rows].float()  # [Hkv, rows, D]
             s = t.summ[layer]
             s[units, 0], s[units, 1], s[units, 2] = k.amin(1), k.amax(1), k.sum(1)
@@ -145,6 +156,11 @@ def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: lis
         if cfg is not None:
             st = run.tiers.stats
             row.update(locality=st.locality, pages_per_step=st.selected / max(st.steps, 1) / 3)
+            if cfg.forecast != "off":
+                by_layer = run.tiers.recall_by_layer.tolist()
+                row.update(recall=st.recall, prefetch_hits=st.prefetch_hits,
+                           prefetch_waste=st.prefetch_waste, demand_fetched=st.demand_fetched,
+                           recall_by_layer=[h / t if t else None for h, t in by_layer])  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     run.close()
@@ -199,9 +215,14 @@ def main() -> None:
     ap.add_argument("--passkey-tokens", type=int, default=None, help="default: --tokens")
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--weights", default="auto")
+    ap.add_argument("--forecast", action="store_true", help="Forecast configs (issue 6)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    cfg = EngineConfig(sparse=SparseConfig(budget_fraction=1.0), max_num_batched_tokens=512)
+    global FORECAST
+    FORECAST = args.forecast
+    # all three summary rows, so that each config can pick Quest or mean scores
+    sparse = SparseConfig(budget_fraction=1.0, keep_all_summaries=True, forecast="free")
+    cfg = EngineConfig(sparse=sparse, max_num_batched_tokens=512)
     engine = Engine.load(None, device="cpu", weights=args.weights, config=cfg)
     text = BOOK.read_text(encoding="utf-8")[200_000:]  # past the front matter
     text_ids = engine.encode(text)[: args.tokens + args.scored + 8]
@@ -211,13 +232,13 @@ def main() -> None:
     if args.positions:
         passkey(engine, text_ids, args.passkey_tokens or args.tokens, args.positions, keys)
     acc = {r["config"]: r["passkey_accuracy"] for r in keys}
-    print(f"\n{'config':18s} {'perplexity':>10s} {'greedy agree':>12s} {'locality':>9s}"
-          f" {'pages/step':>10s} {'passkey':>8s}")  # fmt: skip
+    print(f"\n{'config':28s} {'perplexity':>10s} {'greedy agree':>12s} {'locality':>9s}"
+          f" {'pages/step':>10s} {'passkey':>8s} {'recall':>7s}")  # fmt: skip
     for r in ppl or [{"config": k} for k in acc]:
-        print(f"{r['config']:18s} {r.get('perplexity', float('nan')):10.3f}"
+        print(f"{r['config']:28s} {r.get('perplexity', float('nan')):10.3f}"
               f" {r.get('greedy_agreement', float('nan')):12.1%}"
               f" {r.get('locality', float('nan')):9.1%} {r.get('pages_per_step', float('nan')):10.1f}"
-              f" {acc.get(r['config'], float('nan')):8.0%}")  # fmt: skip
+              f" {acc.get(r['config'], float('nan')):8.0%} {r.get('recall', float('nan')):7.1%}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "weights": engine.weights_mode, "perplexity": ppl,

@@ -59,6 +59,11 @@ class SparseConfig:
     synthetic: float | None = None
     # Forecast prefetch (engine.kv.forecast): "off", or "free" (training-free predictor)
     forecast: str = "off"
+    # evaluation only: each layer past the first reads the Forecast's predicted pages instead
+    # of its exact selection (how good the prediction is on its own, with no correction)
+    forecast_only: bool = False
+    # evaluation only: keep all three summary rows so `summary` can be switched at run time
+    keep_all_summaries: bool = False
     gpu_kv_budget: int | None = None  # bytes for the GPU slot pools; None: room for all pages
     seed: int = 0
 
@@ -73,6 +78,8 @@ class SparseConfig:
             raise ValueError("layer_group >= 1, sink_pages >= 0 and window_pages >= 1")
         if self.forecast not in ("off", "free"):
             raise ValueError(f"forecast must be off or free, got {self.forecast!r}")
+        if self.forecast_only and self.forecast == "off":
+            raise ValueError("forecast_only needs a forecast")
 
     def budget_pages(self, n_pages: int, page_size: int) -> int:
         want = 0
@@ -158,7 +165,7 @@ class TieredKV:
                                     device=device)  # fmt: skip
         self.uses = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
         self._claim = torch.zeros(units + 1, dtype=torch.long, device=device)
-        mode = None if sparse.oracle else sparse.summary
+        mode = None if sparse.oracle or sparse.keep_all_summaries else sparse.summary
         # one allocation for every layer (at 500K tokens: 3.8 GiB of Quest summaries)
         summ = empty_summaries(self.L * (units + 1), self.D, device, mode=mode,
                                dtype=host_pool.dtype)  # fmt: skip
@@ -173,7 +180,7 @@ class TieredKV:
         # not read yet, each layer's predicted page ids, and the side stream on a GPU
         self.forecast = None
         self.prefetched = torch.zeros(self.L, self.num_slots + 1, dtype=torch.bool, device=device)
-        self._predicted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[int, torch.cuda.Event] = {}
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -193,6 +200,8 @@ class TieredKV:
     def reset_stats(self) -> None:
         self._acc.zero_()
         self.recall_by_layer.zero_()
+        self.prefetched.zero_()
+        self._predicted.clear()
 
     # -- appends ----------------------------------------------------------------------------
 
@@ -229,6 +238,16 @@ class TieredKV:
         self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
         self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
 
+    def drop(self, layer: int, units: torch.Tensor) -> None:
+        """Forget the GPU copies of `units` (their slots become free)."""
+        slot = self.slot_of[layer, units].long()
+        s = torch.where(slot >= 0, slot, self.scratch_slot)
+        self.unit_in[layer].index_fill_(0, s, -1)
+        self.last_used[layer].index_fill_(0, s, -1)
+        self.uses[layer].index_fill_(0, s, 0)
+        self.slot_of[layer].index_fill_(0, units, -1)
+        self.unit_in[layer, self.scratch_slot].fill_(self.scratch_unit)
+
     # -- sparse decode ----------------------------------------------------------------------
 
     def attend(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
@@ -239,7 +258,10 @@ class TieredKV:
         sp, Hkv = self.sparse, self.Hkv
         if layer == 0:
             self.clock += 1
-        if layer % sp.layer_group == 0 or self._group_selection is None:
+        predicted = self._predicted.pop(layer, None)
+        if sp.forecast_only and predicted is not None:
+            self._group_selection = predicted[2:]
+        elif layer % sp.layer_group == 0 or self._group_selection is None:
             self._group_selection = self._select(layer, q, block_tables, kv_lens, scale)
         pages, counts = self._group_selection
         width = pages.shape[-1]
@@ -255,9 +277,8 @@ class TieredKV:
         page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
         units = page_ids.view(B, Hkv, -1) * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
         valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
-        predicted = self._predicted.pop(layer, None)
-        if predicted is not None:  # recall@k of the forecast against this exact selection
-            p_ids, p_valid = predicted
+        if predicted is not None and not sp.forecast_only:  # recall@k against the exact pages
+            p_ids, p_valid = predicted[:2]
             same = (page_ids.view(B, Hkv, -1)[..., :, None] == p_ids[..., None, :]) & p_valid[
                 ..., None, :
             ]
@@ -304,7 +325,8 @@ class TieredKV:
         """Layer `layer`'s attention is done (residual: the stream before its MLP): predict
         the next layer's selection and fetch its missing pages, on a side stream on a GPU."""
         nxt = layer + 1
-        if self.forecast is None or nxt >= self.L or nxt % self.sparse.layer_group:
+        sp = self.sparse
+        if self.forecast is None or sp.forecast == "off" or nxt >= self.L or nxt % sp.layer_group:
             return
         tables, lens = ctx.tier_tables, ctx.tier_lens
         B = tables.shape[0]
@@ -343,7 +365,7 @@ class TieredKV:
         page_ids = page_ids.view(B, Hkv, width)
         units = page_ids * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
         valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
-        self._predicted[layer] = (page_ids, valid)
+        self._predicted[layer] = (page_ids, valid, pages, counts)
         self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1), prefetch=True)
 
     def _ensure_resident(
