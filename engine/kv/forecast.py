@@ -50,3 +50,104 @@ class TrainingFreeForecast:
         if attn.qk_norm:
             q = attn.q_norm(q)
         return rotate(q, ctx.cos, ctx.sin)
+
+
+class TrainedForecast(TrainingFreeForecast):
+    """The training-free query plus a trained low-rank correction per predicted layer:
+    F_l(r) = RoPE(q_proj_{l+1}(n) + B_l A_l n), n = RMSNorm_{l+1}(r), A_l [rank, hidden],
+    B_l [Hq * D, rank]. B starts at zero, so training starts from the training-free
+    predictor. Trained by engine.kv.forecast_train; stored in a small safetensors file keyed
+    to the model (`model_key`)."""
+
+    name = "trained"
+
+    def __init__(self, model, weights: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__(model)
+        p = next(model.parameters())
+        self.weights = {
+            layer: (a.to(p.device, torch.float32), b.to(p.device, torch.float32))
+            for layer, (a, b) in weights.items()
+        }
+
+    def query(self, next_layer: int, residual: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        q = super().query(next_layer, residual, ctx)
+        ab = self.weights.get(next_layer)
+        if ab is None:
+            return q
+        a, b = ab
+        n = self.layers[next_layer].input_layernorm.forward(residual).float()
+        dq = ((n @ a.T) @ b.T).view(q.shape)
+        return q + rotate(dq, ctx.cos.float(), ctx.sin.float()).to(q.dtype)
+
+
+FORMAT = "agentctx-forecast-1"
+
+
+def model_key(model) -> str:
+    """What a Forecast weights file is keyed to: the model's shape and a sample of its
+    embedding table, rounded (the same model loaded in fp32, bf16 or int4 modes keeps its
+    embeddings, to bf16 precision, so one file serves every mode)."""
+    import hashlib
+
+    emb = model.embed_tokens.weight.detach().reshape(-1)
+    idx = torch.arange(1024, device=emb.device) * (emb.numel() - 1) // 1023
+    sample = emb[idx].float().to(torch.bfloat16).float().cpu().numpy().tobytes()
+    cfg = model.cfg
+    shape = (f"{cfg.vocab_size}:{cfg.hidden_size}:{cfg.num_layers}:{cfg.num_heads}:"
+             f"{cfg.num_kv_heads}:{cfg.head_dim}")  # fmt: skip
+    return hashlib.blake2b(shape.encode() + sample, digest_size=16).hexdigest()
+
+
+def save_weights(path, model, weights: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                 meta: dict[str, str] | None = None) -> None:  # fmt: skip
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for layer, (a, b) in weights.items():
+        tensors[f"layers.{layer}.A"] = a.detach().to(torch.float16).contiguous().cpu()
+        tensors[f"layers.{layer}.B"] = b.detach().to(torch.float16).contiguous().cpu()
+    save_file(tensors, str(path), metadata={"format": FORMAT, "model_key": model_key(model),
+                                            **(meta or {})})  # fmt: skip
+
+
+def load_forecast(model, path) -> TrainingFreeForecast:
+    """The trained predictor from `path`, or, with a warning, the training-free one when the
+    file is missing, damaged, or made for another model."""
+    import warnings
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"not a Forecast weights file (format {meta.get('format')!r})")
+            if meta.get("model_key") != model_key(model):
+                raise ValueError("made for another model")
+            weights: dict[int, list] = {}
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                _, layer, which = name.split(".")
+                weights.setdefault(int(layer), [None, None])["AB".index(which)] = f.get_tensor(name)
+        cfg = model.cfg
+        for layer, (a, b) in weights.items():
+            if not (0 < layer < cfg.num_layers) or a is None or b is None:
+                raise ValueError(f"layer {layer} is incomplete or out of range")
+            if a.shape[1] != cfg.hidden_size or b.shape != (cfg.num_heads * cfg.head_dim,
+                                                           a.shape[0]):  # fmt: skip
+                raise ValueError(f"layer {layer} has shapes {tuple(a.shape)}, {tuple(b.shape)}")
+        return TrainedForecast(model, {k: (a, b) for k, (a, b) in weights.items()})
+    except Exception as e:  # noqa: BLE001 - any unreadable file means: fall back
+        warnings.warn(
+            f"Forecast weights {path}: {e}; using the training-free predictor",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return TrainingFreeForecast(model)
+
+
+def default_weights_path(model):
+    """The Forecast weights shipped for this model, if any (keyed by model_key)."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "forecast_weights" / f"{model_key(model)}.safetensors"
+    return path if path.exists() else None
