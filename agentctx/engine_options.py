@@ -9,7 +9,15 @@ from agentctx.kv_snapshots import BudgetError, parse_size
 
 
 def kv_options(f):
-    """--sparse, --gpu-kv-budget and --host-kv-budget, for `ask` and `tui`."""
+    """--sparse, --gpu-kv-budget, --host-kv-budget and --forecast, for `ask` and `tui`."""
+    f = click.option(
+        "--forecast",
+        type=click.Choice(["off", "free", "trained"]),
+        default="off",
+        show_default=True,
+        help="Prefetch the next layer's predicted pages (needs --sparse): the training-free "
+        "predictor, or the trained one shipped for the model.",
+    )(f)
     f = click.option(
         "--host-kv-budget",
         default=None,
@@ -29,10 +37,11 @@ def kv_options(f):
     return f
 
 
-def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None):
+def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,
+                  forecast: str = "off"):  # fmt: skip
     """An EngineConfig for the options (None when all are left out); bad values raise
     click.BadParameter (exit 2)."""
-    if sparse is None and gpu_kv_budget is None and host_kv_budget is None:
+    if sparse is None and gpu_kv_budget is None and host_kv_budget is None and forecast == "off":
         return None
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -49,6 +58,10 @@ def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget:
                                      param_hint="--sparse") from None  # fmt: skip
     elif gpu_kv_budget is not None:
         raise click.BadParameter("a GPU KV budget needs --sparse", param_hint="--gpu-kv-budget")
+    elif forecast != "off":
+        raise click.BadParameter("Forecast prefetch needs --sparse", param_hint="--forecast")
+    if sparse_cfg is not None:
+        sparse_cfg.forecast = forecast
     try:
         if gpu_kv_budget is not None:
             sparse_cfg.gpu_kv_budget = parse_size(gpu_kv_budget)

@@ -62,6 +62,12 @@ class TextOutput:
                     if usage.get("selected_pages_per_step")
                     else ""
                 )
+                + (
+                    f"; forecast recall {usage['forecast_recall']:.0%}, "
+                    f"{usage['prefetch_fraction'] or 0:.0%} of needed fetches done ahead"
+                    if usage.get("forecast_recall") is not None
+                    else ""
+                )
                 + (f"; session {usage['session']}" if usage.get("session") else "")
             )
 

@@ -502,6 +502,14 @@ class Engine:
             "selected_pages_per_step": st.selected / st.steps if st.steps else 0.0,
             "fetch_fraction": st.fetch_fraction,
             "fetched_bytes_per_step": st.fetched_bytes / st.steps if st.steps else 0.0,
+            # Forecast prefetch: recall of the predicted pages, and the share of the fetched
+            # pages that were fetched ahead of the attention that read them
+            "forecast_recall": st.recall if st.recall_total else None,
+            "prefetch_fraction": (
+                st.prefetch_hits / (st.prefetch_hits + st.demand_fetched)
+                if st.prefetch_hits + st.demand_fetched
+                else None
+            ),  # fmt: skip
         }
 
     def kv_identity(self) -> dict[str, str]:

@@ -47,10 +47,7 @@ class ModelRunner:
             from engine.kv import TieredKV
 
             self.tiers = TieredKV(cfg, self.kv.pool, self.page_size, engine_cfg.sparse, device)
-            if engine_cfg.sparse.forecast == "free":
-                from engine.kv.forecast import TrainingFreeForecast
-
-                self.tiers.forecast = TrainingFreeForecast(model)
+            self.tiers.forecast = make_forecast(model, engine_cfg.sparse)
         # decode graphs by batch size; with the tiered cache by (batch size, page budget),
         # captured when first needed (the budget grows with the context)
         self.graphs: dict[int | tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -361,6 +358,24 @@ class ModelRunner:
         self.meta[first:used].copy_(staging[first:used], non_blocking=True)
         self.graphs[key].replay()
         return self.graph_logits[key][:bs]
+
+
+def make_forecast(model, sparse):
+    """The Forecast predictor a sparse config asks for (None: no prefetch)."""
+    from engine.kv import forecast
+
+    if sparse.forecast == "free":
+        return forecast.TrainingFreeForecast(model)
+    if sparse.forecast == "trained":
+        path = sparse.forecast_weights or forecast.default_weights_path(model)
+        if path is None:
+            import warnings
+
+            warnings.warn("no Forecast weights for this model; using the training-free "
+                          "predictor", RuntimeWarning, stacklevel=2)  # fmt: skip
+            return forecast.TrainingFreeForecast(model)
+        return forecast.load_forecast(model, path)
+    return None
 
 
 def key_size(key: int | tuple[int, int]) -> int:

@@ -57,8 +57,11 @@ class SparseConfig:
     # benchmarks with dummy weights only: random selections that keep each page read at the
     # step before with this probability (0: fresh random pages every step, the worst case)
     synthetic: float | None = None
-    # Forecast prefetch (engine.kv.forecast): "off", or "free" (training-free predictor)
+    # Forecast prefetch (engine.kv.forecast): "off", "free" (training-free predictor) or
+    # "trained" (the weights file `forecast_weights`, by default the one shipped for the
+    # model; a missing or mismatched file falls back to "free" with a warning)
     forecast: str = "off"
+    forecast_weights: str | None = None
     # evaluation only: each layer past the first reads the Forecast's predicted pages instead
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
@@ -76,8 +79,8 @@ class SparseConfig:
             raise ValueError(f"summary must be quest or mean, got {self.summary!r}")
         if self.layer_group < 1 or self.sink_pages < 0 or self.window_pages < 1:
             raise ValueError("layer_group >= 1, sink_pages >= 0 and window_pages >= 1")
-        if self.forecast not in ("off", "free"):
-            raise ValueError(f"forecast must be off or free, got {self.forecast!r}")
+        if self.forecast not in ("off", "free", "trained"):
+            raise ValueError(f"forecast must be off, free or trained, got {self.forecast!r}")
         if self.forecast_only and self.forecast == "off":
             raise ValueError("forecast_only needs a forecast")
 

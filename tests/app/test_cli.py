@@ -134,15 +134,19 @@ def test_sparse_decode_over_a_small_gpu_tier(small_repo):
     result = agentctx(
         "ask", "What does this repository do?", "--repo", str(small_repo), "--no-save",
         "--max-tokens", "12", "--sparse", "25%", "--gpu-kv-budget", "40MB", "--weights", "dense",
+        "--forecast", "free",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "sparse: " in result.stderr and "fetched from the host" in result.stderr
+    assert "forecast recall" in result.stderr and "done ahead" in result.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
     (["--sparse", "lots"], "Invalid value for --sparse"),
     (["--sparse", "150%"], "budget_fraction must be in (0, 1]"),
     (["--gpu-kv-budget", "2GB"], "a GPU KV budget needs --sparse"),
+    (["--forecast", "free"], "Forecast prefetch needs --sparse"),
+    (["--sparse", "2%", "--forecast", "psychic"], "Invalid value for '--forecast'"),
     (["--sparse", "2%", "--gpu-kv-budget", "many"], "not a size"),
 ])  # fmt: skip
 def test_bad_kv_options_are_usage_errors(args, needle):

@@ -67,3 +67,45 @@ def test_training_free_recall_beats_the_previous_steps_pages(runs):
 def test_forecast_setting_is_checked():
     with pytest.raises(ValueError, match="forecast"):
         SparseConfig(budget_fraction=0.1, forecast="psychic")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Engine.load(None, device="cpu", dtype="float32", weights="dense").model
+
+
+def test_bad_forecast_weights_fall_back_to_training_free_with_a_warning(model, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from engine.kv.forecast import (
+        TrainedForecast,
+        TrainingFreeForecast,
+        load_forecast,
+        model_key,
+        save_weights,
+    )
+
+    cfg = model.cfg
+    good = {3: (torch.randn(4, cfg.hidden_size), torch.randn(cfg.num_heads * cfg.head_dim, 4))}
+    path = tmp_path / "good.safetensors"
+    save_weights(path, model, good)
+    loaded = load_forecast(model, path)
+    assert isinstance(loaded, TrainedForecast)
+    assert torch.allclose(loaded.weights[3][1], good[3][1], atol=1e-2)  # stored in fp16
+
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00\x01not a safetensors file")
+    other = tmp_path / "other.safetensors"
+    save_file({"layers.3.A": good[3][0], "layers.3.B": good[3][1]}, str(other),
+              metadata={"format": "agentctx-forecast-1", "model_key": "0" * 32})  # fmt: skip
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(path.read_bytes()[:-100])
+    wrong_shape = tmp_path / "shape.safetensors"
+    save_file({"layers.3.A": good[3][0][:, :7].contiguous(), "layers.3.B": good[3][1]},
+              str(wrong_shape),
+              metadata={"format": "agentctx-forecast-1", "model_key": model_key(model)})  # fmt: skip
+    for bad in (garbage, other, truncated, wrong_shape, tmp_path / "missing.safetensors"):
+        with pytest.warns(RuntimeWarning, match="training-free"):
+            fallback = load_forecast(model, bad)
+        assert type(fallback) is TrainingFreeForecast
