@@ -21,6 +21,12 @@ exact attention mass), fetch the selected pages that have no slot from the host,
 the sparse decode kernel over the slots. The result is exactly sparse attention over the
 selected pages. One selection may serve a group of consecutive layers.
 
+Forecast prefetch (engine.kv.forecast): after layer l's attention, `after_attention`
+predicts layer l+1's selection from the residual stream and fetches its missing pages (on a
+side stream on a GPU, joined before layer l+1's append); layer l+1 then selects exactly and
+fetches only what the prediction missed. Counters: recall of the prediction, prefetch hits,
+waste, and the fetches left on the critical path.
+
 Everything in a decode step runs on the device with fixed shapes (slot allocation and
 eviction included), so the step can be captured in a CUDA graph.
 
