@@ -33,9 +33,15 @@ BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "books" / "moby
 
 
 FORECAST = False  # --forecast: the Forecast configs instead of the summary/tail ones
+ONLY = None  # --only TEXT: dense and the configs whose name holds TEXT
 
 
 def configs():
+    return [(name, cfg) for name, cfg in all_configs() if ONLY is None or name == "dense"
+            or ONLY in name]  # fmt: skip
+
+
+def all_configs():
     from engine.kv import SparseConfig
 
     out = [("dense", None)]
@@ -216,10 +222,11 @@ def main() -> None:
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--weights", default="auto")
     ap.add_argument("--forecast", action="store_true", help="Forecast configs (issue 6)")
+    ap.add_argument("--only", default=None, help="dense and the configs whose name holds this")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    global FORECAST
-    FORECAST = args.forecast
+    global FORECAST, ONLY
+    FORECAST, ONLY = args.forecast, args.only
     # all three summary rows, so that each config can pick Quest or mean scores
     sparse = SparseConfig(budget_fraction=1.0, keep_all_summaries=True, forecast="free")
     cfg = EngineConfig(sparse=sparse, max_num_batched_tokens=512)
