@@ -109,3 +109,36 @@ def test_bad_forecast_weights_fall_back_to_training_free_with_a_warning(model, t
         with pytest.warns(RuntimeWarning, match="training-free"):
             fallback = load_forecast(model, bad)
         assert type(fallback) is TrainingFreeForecast
+
+
+def test_shipped_trained_forecast_improves_held_out_recall(model):
+    """The weights shipped for the default model (engine/kv/forecast_weights/, trained by
+    engine.kv.forecast_train on files the split never trains on) against the training-free
+    predictor, on two held-out documents: recall@k of the exact selection at 5% and 10%.
+    Measured: 0.928 -> 0.935 and 0.930 -> 0.939 (the training run's 8 held-out documents:
+    0.928 -> 0.937, 0.931 -> 0.941)."""
+    from engine.kv import forecast_train as ft
+    from engine.kv.forecast import TrainedForecast, default_weights_path, load_forecast
+
+    engine = Engine.load(None, device="cpu", dtype="float32", weights="dense")
+    path = default_weights_path(engine.model)
+    assert path is not None, "no Forecast weights shipped for the default model"
+    trained = load_forecast(engine.model, path)
+    assert isinstance(trained, TrainedForecast)
+    docs = ft.documents(engine.tokenizer, 4096, 2, evaluation=True)
+    assert all(len(d) == 4096 for d in docs) and len(docs) == 2
+    examples = ft.build_examples(engine.model, engine.runner.rope, docs, 12, seed=2,
+                                 target="selector")  # fmt: skip
+    free, better = ft.evaluate(examples, None), ft.evaluate(examples, trained.weights)
+    for frac in ("5%", "10%"):
+        assert better[frac]["mean"] > free[frac]["mean"] + 0.003, (frac, free, better)
+
+
+def test_trained_forecast_prefetch_keeps_the_tokens(runs):
+    engine = load("trained")
+    text = (ROOT / "README.md").read_text()[:3000]
+    prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
+    assert engine.generate([prompt], PARAMS)[0].token_ids == runs["off"][0]
+    stats = engine.runner.tiers.stats
+    assert type(engine.runner.tiers.forecast).__name__ == "TrainedForecast"
+    assert stats.recall > 0.85 and stats.prefetch_hits > stats.demand_fetched
