@@ -118,7 +118,8 @@ def run_ours(args, mode: str) -> list[dict]:
     sparse = None
     if mode == "sparse":
         sparse = SparseConfig(budget_fraction=args.budget, summary="quest",
-                              gpu_kv_budget=parse_size(args.gpu_kv_budget))  # fmt: skip
+                              gpu_kv_budget=parse_size(args.gpu_kv_budget),
+                              forecast="off" if args.prefetch == ["off"] else "free")  # fmt: skip
     pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
     cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
                        max_num_batched_tokens=min(window, args.chunk))  # fmt: skip
@@ -132,18 +133,25 @@ def run_ours(args, mode: str) -> list[dict]:
     timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
     rows = []
     variants = args.variants if mode == "sparse" else ["dense-resident"]
-    for variant in variants:
+    runs = [(v, p) for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
+            if not (v == "quest" and p == "oracle")]  # fmt: skip
+    first = runs[0]
+    for variant, prefetch in runs:
         tiers = engine.runner.tiers
         if tiers is not None:
             tiers.sparse.synthetic = {"quest": None, "realistic": args.locality,
                                       "worst": 0.0}[variant]  # fmt: skip
+            # prefetch: the training-free Forecast on the real path; on the synthetic
+            # selections a simulated predictor at its measured recall, or the oracle
+            tiers.sparse.forecast = "off" if prefetch == "off" else "free"
+            tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else args.forecast_recall
             engine.runner.reset_graphs()  # the selection path is part of the graph
             # capture this variant's graph at this length (the first variant: the prefill)
             warm = timed_decode(engine, prompts, 4)
             tiers.reset_stats()
-        row = {"context": n, "batch": b, "mode": mode, "variant": variant,
+        row = {"context": n, "batch": b, "mode": mode, "variant": variant, "prefetch": prefetch,
                **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
-        if tiers is not None and variant == variants[0]:
+        if tiers is not None and (variant, prefetch) == first:
             row["prefill_s"] = warm["prefill_s"]  # the timed run found the prompt cached
         if tiers is not None:
             st = tiers.stats
@@ -151,6 +159,11 @@ def run_ours(args, mode: str) -> list[dict]:
                        selected_per_layer_step=st.selected / max(1, st.steps),
                        fetched_mb_per_token=st.fetched_bytes / max(1, st.steps) * tiers.L / 1e6,
                        slots_per_layer=tiers.num_slots, graphs=len(engine.runner.graphs),
+                       recall=st.recall if st.recall_total else None,
+                       critical_mb_per_token=st.demand_fetched * tiers.unit_bytes
+                       / max(1, st.steps) * tiers.L / 1e6,
+                       prefetched_mb_per_token=st.prefetched * tiers.unit_bytes
+                       / max(1, st.steps) * tiers.L / 1e6,
                        capped_gib=parse_size(args.gpu_budget) / GiB if capped else None)  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -219,6 +232,11 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["quest", "realistic", "worst"],
                     choices=["quest", "realistic", "worst"])  # fmt: skip
     ap.add_argument("--locality", type=float, default=0.85)
+    ap.add_argument("--prefetch", nargs="+", default=["off"], choices=["off", "forecast", "oracle"],
+                    help="Forecast prefetch modes to compare (issue 6)")  # fmt: skip
+    ap.add_argument("--forecast-recall", type=float, default=0.92,
+                    help="the simulated predictor's recall on synthetic selections (the "
+                    "training-free Forecast measured 92-93%%, docs/quality.md)")  # fmt: skip
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--chunk", type=int, default=8192, help="prefill tokens per step")
@@ -244,7 +262,11 @@ def main() -> None:
         mem = f"  peak {r['peak_allocated_gib']:5.1f} GiB" if "peak_allocated_gib" in r else ""
         med = r.get("decode_tok_s_median_step")
         med = f" (median step {med:8.2f})" if med else ""
-        print(f"{r['mode']:>30} {r['variant']:>14}  prefill {r['prefill_s']:7.2f} s  decode "
+        pf = f" {r.get('prefetch', '-'):>8}"
+        if r.get("recall") is not None:
+            extra += (f"  recall {r['recall']:6.1%}  critical {r['critical_mb_per_token']:6.1f} "
+                      f"MB/token")  # fmt: skip
+        print(f"{r['mode']:>30} {r['variant']:>14}{pf}  prefill {r['prefill_s']:7.2f} s  decode "
               f"{r['decode_tok_s']:8.2f} tok/s{med}{mem}{extra}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

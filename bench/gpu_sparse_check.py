@@ -90,6 +90,15 @@ def graphs_check(load, prompts, params, budget_bytes, expected) -> None:
               f"steps {st.steps}")  # fmt: skip
         if sparse.get("synthetic") is None:
             print(f"    vs the unlimited tier: {'ok' if b == expected else 'FAIL'}")
+    # Forecast prefetch on the side stream, inside the CUDA graphs: the same tokens
+    for forecast in ("free", "trained"):
+        sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=budget_bytes, forecast=forecast)
+        graphed = load(sparse, graphs=True)
+        got = [c.token_ids for c in graphed.generate(prompts, params)]
+        st = graphed.runner.tiers.stats
+        print(f"[{'ok' if got == expected else 'FAIL'}] Forecast {forecast} prefetch in CUDA "
+              f"graphs == no prefetch; recall {st.recall:.1%}, prefetched {st.prefetched}, "
+              f"hits {st.prefetch_hits}, on demand {st.demand_fetched}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ class SparseConfig:
     # benchmarks with dummy weights only: random selections that keep each page read at the
     # step before with this probability (0: fresh random pages every step, the worst case)
     synthetic: float | None = None
+    # benchmarks with synthetic selections and a forecast: the simulated predictor's recall
+    # (each page of the next layer's selection is predicted with this probability; 1.0 is
+    # the oracle prefetch; the training-free predictor measured 0.92-0.93, docs/quality.md)
+    synthetic_recall: float = 1.0
     # Forecast prefetch (engine.kv.forecast): "off", "free" (training-free predictor) or
     # "trained" (the weights file `forecast_weights`, by default the one shipped for the
     # model; a missing or mismatched file falls back to "free" with a warning)
@@ -190,6 +194,7 @@ class TieredKV:
         self.forecast = None
         self.prefetched = torch.zeros(self.L, self.num_slots + 1, dtype=torch.bool, device=device)
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._synthetic_next: dict[int, torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event] = {}
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -211,6 +216,7 @@ class TieredKV:
         self.recall_by_layer.zero_()
         self.prefetched.zero_()
         self._predicted.clear()
+        self._synthetic_next.clear()
 
     # -- appends ----------------------------------------------------------------------------
 
@@ -308,18 +314,24 @@ class TieredKV:
         acc[_C["steps"]] += 1
         return out
 
-    def _select(self, layer, q, block_tables, kv_lens, scale) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores of every page of each (sequence, KV head) for queries q, then the selection
-        (pages [B, Hkv, budget], counts [B, Hkv])."""
+    def _select(self, layer, q, block_tables, kv_lens, scale,
+                scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Scores of every page of each (sequence, KV head) for queries q (or the given
+        scores), then the selection (pages [B, Hkv, budget], counts [B, Hkv])."""
         sp, P, Hkv = self.sparse, self.P, self.Hkv
         budget = self.step_budget
         if budget is None:  # a device read: callers say the step's length in end_step
             budget = self.budget_for(int(kv_lens.max()), block_tables.shape[1])
         budget = min(budget, block_tables.shape[1])
-        if sp.oracle:
+        if scores is not None:
+            pass
+        elif sp.oracle:
             scores = self._oracle_scores(layer, q, block_tables, kv_lens, scale)
         elif sp.synthetic is not None:
-            scores = self._synthetic_scores(layer, block_tables)
+            # drawn ahead by a synthetic forecast, or now
+            scores = self._synthetic_next.pop(layer, None)
+            if scores is None:
+                scores = self._synthetic_scores(layer, block_tables)
         else:
             scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
         return select_pages(
@@ -335,20 +347,29 @@ class TieredKV:
         the next layer's selection and fetch its missing pages, on a side stream on a GPU."""
         nxt = layer + 1
         sp = self.sparse
-        if self.forecast is None or sp.forecast == "off" or nxt >= self.L or nxt % sp.layer_group:
+        if sp.forecast == "off" or nxt >= self.L or nxt % sp.layer_group:
             return
         tables, lens = ctx.tier_tables, ctx.tier_lens
         B = tables.shape[0]
-        q = self.forecast.query(nxt, residual, ctx)
-        q = q.view(B, q.shape[0] // B, *q.shape[1:])
+        if sp.synthetic is not None:
+            # benchmarks (dummy weights): draw the next layer's synthetic selection now; the
+            # prediction is that selection with each page kept with probability
+            # `synthetic_recall` (the rest of the budget goes to other pages)
+            exact = self._synthetic_scores(nxt, tables)
+            self._synthetic_next[nxt] = exact
+            miss = torch.rand(exact.shape, device=self.device) >= sp.synthetic_recall
+            q, scores = residual.new_zeros(B, 1, 1, self.D), exact - 4.0 * miss.float()
+        else:
+            q = self.forecast.query(nxt, residual, ctx)
+            q, scores = q.view(B, q.shape[0] // B, *q.shape[1:]), None
         if self._side is None:
-            self.prefetch(nxt, q, tables, lens)
+            self.prefetch(nxt, q, tables, lens, scores)
             return
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
-            self.prefetch(nxt, q, tables, lens)
-        for t in (q, tables, lens):
+            self.prefetch(nxt, q, tables, lens, scores)
+        for t in (q, tables, lens) + (() if scores is None else (scores,)):
             t.record_stream(self._side)
         done = torch.cuda.Event()
         done.record(self._side)
@@ -361,12 +382,12 @@ class TieredKV:
             torch.cuda.current_stream(self.device).wait_event(done)
 
     def prefetch(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-                 kv_lens: torch.Tensor) -> None:  # fmt: skip
+                 kv_lens: torch.Tensor, scores: torch.Tensor | None = None) -> None:  # fmt: skip
         """Select `layer`'s pages for the predicted queries q [B, T, Hq, D] and make them
         resident (the exact selection at that layer will read what it needs regardless)."""
         B, Hkv = q.shape[0], self.Hkv
         scale = q.shape[-1] ** -0.5
-        pages, counts = self._select(layer, q, block_tables, kv_lens, scale)
+        pages, counts = self._select(layer, q, block_tables, kv_lens, scale, scores)
         width = pages.shape[-1]
         if B * Hkv * width > self.num_slots:
             return  # the exact step will say so
@@ -421,6 +442,8 @@ class TieredKV:
         if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
             acc[_C["prefetched"]] += owner.sum()
             pf.index_put_((dst,), owner)
+            # not read yet: no recency (not the evicted page's), first to go if unused
+            last_used.index_fill_(0, dst, -1)
             pf[self.scratch_slot].fill_(False)
             return slot.to(torch.int32)
         acc[_C["demand_fetched"]] += owner.sum()

@@ -142,3 +142,32 @@ def test_trained_forecast_prefetch_keeps_the_tokens(runs):
     stats = engine.runner.tiers.stats
     assert type(engine.runner.tiers.forecast).__name__ == "TrainedForecast"
     assert stats.recall > 0.85 and stats.prefetch_hits > stats.demand_fetched
+
+
+def test_synthetic_selections_simulate_a_predictor_of_given_recall():
+    """Benchmarks on dummy weights draw the next layer's synthetic selection at layer l and
+    prefetch it with a set recall: 1.0 is the oracle (every page the exact step reads was
+    fetched ahead, except at layer 0, which nothing predicts)."""
+    prompt = list(range(1000, 1800))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    recalls = {}
+    for target in (1.0, 0.5):
+        sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=30 * 60 * UNIT, synthetic=0.0,
+                              forecast="free", synthetic_recall=target)  # fmt: skip
+        engine = Engine.load(None, device="cpu", dtype="float32", weights="dense",
+                             config=EngineConfig(sparse=sparse))  # fmt: skip
+        engine.generate([prompt], params)
+        tiers = engine.runner.tiers
+        recalls[target] = tiers.stats.recall
+        if target == 1.0:
+            by_layer = tiers.recall_by_layer[1:]
+            assert torch_equal(by_layer[:, 0], by_layer[:, 1])
+    assert recalls[1.0] == 1.0
+    # half of the freely chosen pages predicted; sinks and window always are
+    assert 0.5 < recalls[0.5] < 0.85
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

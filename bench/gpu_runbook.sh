@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
+# one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
+#   bash bench/gpu_runbook.sh 1    (then 2, 3)
+set -u
+OUT=${OUT:-/tmp}
+case "${1:-1}" in
+1)  # graphs, Forecast prefetch on the side stream inside graphs, and 128K with prefetch modes
+    python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1; tail -9 "$OUT/check.log"
+    python3 -m bench.e2e_sparse --context 131072 --batch 1 --prefetch off forecast oracle \
+        --json "$OUT/e2e_128k_b1_prefetch.json" > "$OUT/e2e_128k_b1.log" 2>&1
+    tail -12 "$OUT/e2e_128k_b1.log" ;;
+2)  # 500K batch 1 under the 24 GiB cap (a 1.5 GiB GPU tier: 6,144 slots per layer >= 5,000)
+    python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --variants realistic worst --prefetch off forecast oracle \
+        --json "$OUT/e2e_500k_b1.json" > "$OUT/e2e_500k.log" 2>&1
+    tail -10 "$OUT/e2e_500k.log" ;;
+3)  # 128K batch 4 (130,000 tokens each: a 63.5 GiB pinned pool)
+    python3 -m bench.e2e_sparse --context 130000 --batch 4 --gpu-kv-budget 2GiB \
+        --variants realistic worst --json "$OUT/e2e_128k_b4.json" > "$OUT/e2e_b4.log" 2>&1
+    tail -6 "$OUT/e2e_b4.log" ;;
+esac
