@@ -63,20 +63,13 @@ def host_tier_attention(
     tier: q [1, Hq, T, D] -> [1, Hq, T, D]. One KV head at a time is gathered to the GPU and
     serves its query heads (lower-right causal), so the GPU holds one head's K and V of the
     context at a time, never the whole layer's."""
-    from torch.nn.attention.bias import causal_lower_right
-
-    Hq, T = q.shape[1], q.shape[2]
-    hkv = kv.shape[1]
-    groups = Hq // hkv
-    bias = causal_lower_right(T, kv_len)
+    Hq = q.shape[1]
+    groups = Hq // kv.shape[1]
     out = torch.empty_like(q)
-    for h in range(hkv):
+    for h in range(kv.shape[1]):
         k, v = gather_kv_from_host(kv, pages, kv_len, q.device, use_triton, head=h)
-        for g in range(h * groups, (h + 1) * groups):
-            out[:, g : g + 1] = F.scaled_dot_product_attention(
-                q[:, g : g + 1], k[None].to(q.dtype), v[None].to(q.dtype), attn_mask=bias,
-                scale=scale,
-            )  # fmt: skip
+        heads = slice(h * groups, (h + 1) * groups)
+        out[:, heads] = lower_right_causal(q[:, heads], k.to(q.dtype), v.to(q.dtype), scale)
     return out
 
 

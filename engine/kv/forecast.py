@@ -42,14 +42,28 @@ class TrainingFreeForecast:
 
     def query(self, next_layer: int, residual: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """residual [T, hidden] (layer next_layer - 1, before its MLP) -> [T, Hq, D]."""
-        layer = self.layers[next_layer]
-        attn = layer.self_attn
-        h = layer.input_layernorm.forward(residual)
-        q = attn.qkv_proj.forward(h)[:, : attn.q_size]
+        n = self.normed(next_layer, residual)
+        return self.query_from(next_layer, n, ctx.cos, ctx.sin)
+
+    def normed(self, next_layer: int, residual: torch.Tensor) -> torch.Tensor:
+        """The predictor's input: layer next_layer's input norm of the residual stream."""
+        return self.layers[next_layer].input_layernorm.forward(residual)
+
+    def query_from(self, next_layer: int, n: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Layer next_layer's query projection (and q-norm) of n, rotated: [T, Hq, D]."""
+        attn = self.layers[next_layer].self_attn
+        q = attn.qkv_proj.forward(n)[:, : attn.q_size]
         q = q.reshape(q.shape[0], attn.num_heads, attn.head_dim)
         if attn.qk_norm:
             q = attn.q_norm(q)
-        return rotate(q, ctx.cos, ctx.sin)
+        return rotate(q, cos, sin)
+
+
+def low_rank_correction(n: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, shape) -> torch.Tensor:  # fmt: skip
+    """The trained part of a Forecast query: RoPE(B A n), fp32, viewed as `shape`."""
+    return rotate(((n.float() @ a.T) @ b.T).view(shape), cos.float(), sin.float())
 
 
 class TrainedForecast(TrainingFreeForecast):
@@ -70,14 +84,12 @@ class TrainedForecast(TrainingFreeForecast):
         }
 
     def query(self, next_layer: int, residual: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        q = super().query(next_layer, residual, ctx)
+        n = self.normed(next_layer, residual)
+        q = self.query_from(next_layer, n, ctx.cos, ctx.sin)
         ab = self.weights.get(next_layer)
         if ab is None:
             return q
-        a, b = ab
-        n = self.layers[next_layer].input_layernorm.forward(residual).float()
-        dq = ((n @ a.T) @ b.T).view(q.shape)
-        return q + rotate(dq, ctx.cos.float(), ctx.sin.float()).to(q.dtype)
+        return q + low_rank_correction(n, *ab, ctx.cos, ctx.sin, q.shape).to(q.dtype)
 
 
 FORMAT = "agentctx-forecast-1"

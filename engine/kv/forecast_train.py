@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.kv.forecast import rotate, save_weights
+from engine.kv.forecast import TrainingFreeForecast, low_rank_correction, rotate, save_weights
 
 P = 16  # page size (the engine's)
 SINKS, WINDOW = 1, 2
@@ -136,6 +136,7 @@ def build_examples(model, rope, docs, samples: int, seed: int, target: str) -> l
     """Per document and layer pair (l -> l+1): predictor inputs, training-free queries,
     targets, page summaries, exact selector scores and masks."""
     rng = random.Random(seed)
+    free_forecast = TrainingFreeForecast(model)
     attn0 = model.layers[0].self_attn
     groups = attn0.num_heads // attn0.num_kv_heads
     examples = []
@@ -153,15 +154,10 @@ def build_examples(model, rope, docs, samples: int, seed: int, target: str) -> l
         forced = (page[None, :] < SINKS) | (page[None, :] >= n_valid[:, None] - WINDOW)
         free = valid & ~forced
         for nxt in range(1, len(model.layers)):
-            layer = model.layers[nxt]
-            attn = layer.self_attn
+            attn = model.layers[nxt].self_attn
             with torch.no_grad():
-                n = layer.input_layernorm.forward(tr["mid"][nxt - 1])
-                q_free = attn.qkv_proj.forward(n)[:, : attn.q_size]
-                q_free = q_free.view(-1, attn.num_heads, attn.head_dim)
-                if attn.qk_norm:
-                    q_free = attn.q_norm(q_free)
-                q_free = rotate(q_free, tr["cos"], tr["sin"])
+                n = free_forecast.normed(nxt, tr["mid"][nxt - 1])
+                q_free = free_forecast.query_from(nxt, n, tr["cos"], tr["sin"])
                 k = tr["k"][nxt][: N * P]  # [T, Hkv, D]
                 kp = k.view(N, P, attn.num_kv_heads, attn.head_dim).permute(2, 0, 1, 3)
                 kmin, kmax = kp.amin(2), kp.amax(2)  # [Hkv, N, D]
@@ -193,9 +189,7 @@ def build_examples(model, rope, docs, samples: int, seed: int, target: str) -> l
 def predicted_scores(ex: dict, weights: dict | None) -> torch.Tensor:
     q = ex["q_free"]
     if weights is not None and ex["layer"] in weights:
-        a, b = weights[ex["layer"]]
-        dq = ((ex["n"] @ a.T) @ b.T).view(q.shape)
-        q = q + rotate(dq, ex["cos"].float(), ex["sin"].float())
+        q = q + low_rank_correction(ex["n"], *weights[ex["layer"]], ex["cos"], ex["sin"], q.shape)
     return quest_scores(q, ex["kmin"], ex["kmax"], ex["groups"])
 
 
