@@ -1,5 +1,5 @@
-"""Command-line options that shape the engine's KV cache: sparse decode over the tiered
-cache, and the byte budgets of its tiers."""
+"""Command-line options that shape the engine: sparse decode over the tiered KV cache, the
+byte budgets of its tiers, Forecast prefetch, and speculative decoding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ from agentctx.kv_snapshots import BudgetError, parse_size
 
 
 def kv_options(f):
-    """--sparse, --gpu-kv-budget, --host-kv-budget and --forecast, for `ask` and `tui`."""
+    """--sparse, --gpu-kv-budget, --host-kv-budget, --forecast and --speculate, for `ask`
+    and `tui`."""
+    f = click.option(
+        "--speculate",
+        default="auto",
+        show_default=True,
+        metavar="MODE",
+        help="Speculative decoding: off, lookup (drafts copied from the context), self (the "
+        "model drafts over a window of its own KV), draft:PATH (a small model of the same "
+        "tokenizer), or auto (lookup: free when nothing matches). Greedy output is unchanged.",
+    )(f)
     f = click.option(
         "--forecast",
         type=click.Choice(["off", "free", "trained"]),
@@ -38,10 +48,17 @@ def kv_options(f):
 
 
 def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,
-                  forecast: str = "off"):  # fmt: skip
-    """An EngineConfig for the options (None when all are left out); bad values raise
-    click.BadParameter (exit 2)."""
-    if sparse is None and gpu_kv_budget is None and host_kv_budget is None and forecast == "off":
+                  forecast: str = "off", speculate: str = "off"):  # fmt: skip
+    """An EngineConfig for the options (None when all are left out or off); bad values
+    raise click.BadParameter (exit 2)."""
+    from engine.spec.decoder import SpecConfig
+
+    try:
+        spec = SpecConfig(speculate.strip()) if speculate.strip() != "off" else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--speculate") from None
+    if (sparse is None and gpu_kv_budget is None and host_kv_budget is None
+            and forecast == "off" and spec is None):  # fmt: skip
         return None
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -68,4 +85,4 @@ def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget:
         host = parse_size(host_kv_budget) if host_kv_budget is not None else None
     except BudgetError as e:
         raise click.BadParameter(str(e)) from None
-    return EngineConfig(sparse=sparse_cfg, kv_cache_memory=host)
+    return EngineConfig(sparse=sparse_cfg, kv_cache_memory=host, speculate=spec)

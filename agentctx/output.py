@@ -68,6 +68,13 @@ class TextOutput:
                     if usage.get("forecast_recall") is not None
                     else ""
                 )
+                + (
+                    f"; speculation: {usage['speculation']['mean_accepted']:.2f} tokens per "
+                    f"verification, {usage['speculation']['acceptance_rate']:.0%} of drafts "
+                    "accepted"
+                    if usage.get("speculation")
+                    else ""
+                )
                 + (f"; session {usage['session']}" if usage.get("session") else "")
             )
 

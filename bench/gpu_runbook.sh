@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh 1    (then 2, 3)
+#   bash bench/gpu_runbook.sh 1    (then 2, 3, 4)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -19,4 +19,12 @@ case "${1:-1}" in
     python3 -m bench.e2e_sparse --context 130000 --batch 4 --gpu-kv-budget 2GiB \
         --variants realistic worst --json "$OUT/e2e_128k_b4.json" > "$OUT/e2e_b4.log" 2>&1
     tail -6 "$OUT/e2e_b4.log" ;;
+4)  # speculative verification cost (issue 7), top-k selection methods, 128K prefetch modes
+    timeout 230 python3 -m bench.spec_verify --context 131072 --batches 1 8 \
+        --json "$OUT/spec_verify.json" > "$OUT/spec_verify.log" 2>&1; tail -22 "$OUT/spec_verify.log"
+    timeout 100 python3 -m bench.select_bench --json "$OUT/select.json" > "$OUT/select.log" 2>&1
+    tail -26 "$OUT/select.log"
+    timeout 240 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_select.json" > "$OUT/e2e_128k.log" 2>&1
+    tail -8 "$OUT/e2e_128k.log" ;;
 esac

@@ -121,6 +121,17 @@ class BlockManager:
         seq.block_table.extend(self._take_free() for _ in range(need))
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Return the blocks past those num_tokens tokens need (taken for positions that
+        were then rolled back); returns their ids."""
+        keep = self._blocks_for(num_tokens)
+        extra = seq.block_table[keep:]
+        assert keep >= seq.num_hashed_blocks, "a hashed block cannot be rolled back"
+        del seq.block_table[keep:]
+        for bid in reversed(extra):
+            self._decref(bid)
+        return extra
+
     def commit_full_blocks(self, seq: Sequence) -> None:
         if not self.enable_prefix_caching:
             return

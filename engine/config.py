@@ -167,6 +167,8 @@ class EngineConfig:
     cpu_dense_kv: bool = True  # CPU: keep running sequences' KV contiguous too (2x KV memory)
     # sparse decode over the tiered KV cache (engine.kv.SparseConfig); None: dense attention
     sparse: object | None = None
+    # speculative decoding (engine.spec.decoder.SpecConfig); None: off
+    speculate: object | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):

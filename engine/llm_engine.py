@@ -51,6 +51,9 @@ class GenerationStats:
     completion_tokens: int = 0
     ttft_s: float = 0.0  # request start to first sampled token
     total_s: float = 0.0
+    # speculative decoding (engine.spec.decoder.SpecStats): verification steps, drafted and
+    # accepted tokens, proposer time; None when no step of the request speculated
+    speculation: object | None = None
 
     @property
     def prefill_tokens(self) -> int:
@@ -219,6 +222,12 @@ class Engine:
         self.weights_mode = "dense"  # "int4" when decode runs the GGUF's 4-bit blocks
         self._identity: dict[str, str] | None = None
         self.steps_launched_ahead = 0
+        self.spec = None  # engine.spec.decoder.SpecDecoder when speculative decoding is on
+        spec_cfg = self.config.speculate
+        if spec_cfg is not None and spec_cfg.mode != "off":
+            from engine.spec.decoder import SpecDecoder, make_proposer
+
+            self.spec = SpecDecoder(self, spec_cfg, make_proposer(spec_cfg, self))
 
     # -- construction ----------------------------------------------------------------------
 
@@ -373,6 +382,10 @@ class Engine:
                 out = self.scheduler.schedule()
                 if out.is_empty:
                     raise EngineError("the KV cache is too small for the waiting request")
+                plan = self.spec.plan(out) if self.spec is not None else None
+                if plan is not None:
+                    self._speculative_step(out, *plan)
+                    return
                 handle = self.runner.launch(out) if self.runner.graph_eligible(out) else None
             if handle is not None:
                 nxt = self._plan_ahead(out)
@@ -399,10 +412,35 @@ class Engine:
                 # land in slots nobody reads); the scheduler takes over again
                 self._ahead = None
 
+    def _speculative_step(self, out, drafts: dict, probs: dict) -> None:
+        """Verify every sequence's draft in one forward, then commit the emitted tokens one
+        at a time, as single decode steps would (a stop ends the sequence there), and roll
+        back what the rejected positions took."""
+        from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+        emitted = self.spec.verify(out, drafts, probs)
+        now = time.perf_counter()
+        for item in out.scheduled:
+            seq = item.seq
+            start, table = seq.num_computed_tokens, list(seq.block_table)
+            req = self.requests.get(seq.seq_id)
+            for token in emitted[seq.seq_id]:
+                single = ScheduledSeq(seq, 1, True)
+                self.scheduler.postprocess(SchedulerOutput([single], []), {seq.seq_id: token})
+                if req is not None:
+                    self._emit(req, single, {seq.seq_id: token}, now)
+                if seq.is_finished:
+                    break
+            self.runner.after_verify(seq, start, table, self.block_manager)
+            if req is not None and seq.is_finished:
+                self._finish(req)
+
     def _plan_ahead(self, out):
         """The step after `out` if it is certain to be the same greedy decode batch, else None."""
         from engine.scheduler import ScheduledSeq, SchedulerOutput
 
+        if self.spec is not None:  # each step may draft: nothing is certain
+            return None
         if self.scheduler.waiting or any(r.cancelled.is_set() for r in self.requests.values()):
             return None
         for item in out.scheduled:
@@ -452,6 +490,8 @@ class Engine:
         if any(e.kind == "done" for e in req.events) or req.seq.seq_id not in self.requests:
             return
         req.stats.total_s = time.perf_counter() - req.start
+        if self.spec is not None:
+            req.stats.speculation = self.spec.release(req.seq.seq_id)
         tail = req.detok.delta(final=True) if req.detok else ""
         if tail:
             req.events.append(StreamEvent("token", text=tail))

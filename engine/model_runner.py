@@ -80,7 +80,12 @@ class ModelRunner:
         for item in out.scheduled:
             seq, start, n = item.seq, item.seq.num_computed_tokens + ahead, item.num_tokens
             end = start + n
-            ids += [0] * n if ahead else seq.token_ids[start:end]
+            if ahead:
+                ids += [0] * n
+            elif item.draft:  # a verification: the last token, then the draft
+                ids += (seq.token_ids[start:] + list(item.draft))[:n]
+            else:
+                ids += seq.token_ids[start:end]
             positions += range(start, end)
             pages += [seq.block_table[p // P] for p in range(start, end)]
             offsets += [p % P for p in range(start, end)]
@@ -164,11 +169,49 @@ class ModelRunner:
         tokens = sample(logits[: len(sampling)].float(), params, gens, generated)
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
+    @torch.inference_mode()
+    def verify(self, out: SchedulerOutput) -> torch.Tensor:
+        """A verification step: every scheduled sequence runs its last token and its draft
+        (the same count each); returns the logits at every position [B, k+1, V]. With the
+        tiered cache the k+1 queries share one fetch, and the rows fold into the summaries
+        only when `after_verify` says which were accepted."""
+        (ids, positions, pages, offsets, rope_lens, _, query_lens, kv_lens,
+         page_lists) = self.prepare(out)  # fmt: skip
+        assert len(set(query_lens)) == 1, "a verification runs k+1 positions per sequence"
+        if self.tiers is not None:
+            self.tiers.defer_summaries = True
+        try:
+            hidden = self.eager_hidden(
+                ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists,
+                self._dense_kv_for(out), verify=True,
+            )  # fmt: skip
+        finally:
+            if self.tiers is not None:
+                self.tiers.defer_summaries = False
+        return self.model.compute_logits(hidden).view(len(query_lens), query_lens[0], -1)
+
+    def after_verify(self, seq, start: int, table: list[int], bm) -> list[int]:
+        """After a verification from position `start`: the positions up to
+        seq.num_computed_tokens hold accepted rows (fold them into the summaries); the
+        blocks taken for the rejected ones go back (and leave the GPU tier). `table`: the
+        sequence's block table during the verification. Returns the blocks given back."""
+        P = self.page_size
+        done = range(start, seq.num_computed_tokens)
+        if self.tiers is not None:
+            self.tiers.fold_rows([table[p // P] for p in done], [p % P for p in done])
+        if seq.is_finished or not seq.block_table:
+            return []
+        freed = bm.trim(seq, len(seq))
+        if self.tiers is not None:
+            self.tiers.drop_pages(freed)
+        return freed
+
     def eager_hidden(
         self, ids, positions, pages, offsets, rope_lens, query_lens, kv_lens, page_lists,
-        dense_kv: list | None = None,
+        dense_kv: list | None = None, verify: bool = False,
     ):  # fmt: skip
-        """Forward pass without CUDA graphs: final hidden states [T, hidden]."""
+        """Forward pass without CUDA graphs: final hidden states [T, hidden]. verify: the
+        step is a verification (k+1 query tokens per sequence: sparse over the tiers)."""
         ctx = StepContext(
             page_size=self.page_size,
             slot_pages=self._to_device(pages),
@@ -187,7 +230,7 @@ class ModelRunner:
             ctx.tiers = self.tiers
             self.tiers.end_step(max(kv_lens))
             n = query_lens[0]
-            if n == 1 and all(q == 1 for q in query_lens):  # a decode step
+            if (n == 1 or verify) and all(q == n for q in query_lens):  # decode or verify
                 width = max(len(p) for p in page_lists)
                 tables = [list(p) + [0] * (width - len(p)) for p in page_lists]
                 ctx.tier_tables = self._to_device(tables, torch.int32).view(len(tables), width)

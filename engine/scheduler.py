@@ -18,6 +18,9 @@ class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens to compute this step, starting at seq.num_computed_tokens
     samples: bool  # True when this chunk reaches len(seq): the step samples a next token for it
+    # a verification (speculative decoding): the drafted tokens that follow the sequence's
+    # last token; num_tokens = 1 + len(draft), and every position's logits are wanted
+    draft: tuple[int, ...] = ()
 
     @property
     def is_decode(self) -> bool:

@@ -99,15 +99,17 @@ if HAS_TRITON:
 
     @triton.jit
     def _select_kernel(
-        S, LENS, OUT, CNT, M, budget,
+        S, LENS, BUDGETS, OUT, CNT, M, budget,
         s_sb, s_sh, s_ob, s_oh,
         HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
-        WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+        WIDTH: tl.constexpr, BLOCK: tl.constexpr, HAS_BUDGETS: tl.constexpr,
     ):  # fmt: skip
         bh = tl.program_id(0)
         b = bh // HKV
         h = bh % HKV
         n_pages = tl.cdiv(tl.load(LENS + b), P)
+        if HAS_BUDGETS:  # the row's own budget (its sequence's length)
+            budget = tl.minimum(tl.load(BUDGETS + b), budget)
         k = tl.minimum(budget, n_pages)
         row = S + b * s_sb + h * s_sh
         o = tl.arange(0, BLOCK)
@@ -152,6 +154,48 @@ if HAS_TRITON:
             w = start + o
             tl.store(OUT + b * s_ob + h * s_oh + w, tl.zeros([BLOCK], tl.int32),
                      mask=(w >= written) & (w < WIDTH))  # fmt: skip
+
+    @triton.jit
+    def _select_bisect_kernel(
+        S, LENS, BUDGETS, OUT, CNT, budget,
+        s_sb, s_sh, s_ob, s_oh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_BUDGETS: tl.constexpr,
+    ):  # fmt: skip
+        """The same selection with the whole row in registers (BLOCK >= the row's pages):
+        the k-th largest key by bisection over the 32-bit key space, each probe one count
+        (a block reduction, no atomics: the histogram passes of _select_kernel serialise
+        when the scores share their top bits, as scores of one magnitude do)."""
+        bh = tl.program_id(0)
+        b = bh // HKV
+        h = bh % HKV
+        n_pages = tl.cdiv(tl.load(LENS + b), P)
+        if HAS_BUDGETS:
+            budget = tl.minimum(tl.load(BUDGETS + b), budget)
+        k = tl.minimum(budget, n_pages)
+        p = tl.arange(0, BLOCK)
+        valid = p < n_pages
+        key = tl.where(valid, _sort_key(S + b * s_sb + h * s_sh, p, n_pages, SINKS, WINDOW), -1)
+        # invariant: at least k keys >= lo, fewer than k keys >= hi
+        lo = tl.zeros([], tl.int64)
+        hi = tl.full([], 4294967296, tl.int64)
+        for _ in tl.static_range(32):
+            mid = (lo + hi) // 2
+            enough = tl.sum((key >= mid).to(tl.int32), 0) >= k
+            lo = tl.where(enough, mid, lo)
+            hi = tl.where(enough, hi, mid)
+        above = valid & (key > lo)
+        tie = valid & (key == lo)
+        ties_wanted = k - tl.sum(above.to(tl.int32), 0)
+        chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 0) - 1 < ties_wanted))
+        pos = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        out = OUT + b * s_ob + h * s_oh
+        tl.store(out + pos, p, mask=chosen & (pos < WIDTH))
+        written = tl.sum(chosen.to(tl.int32), 0)
+        tl.store(CNT + bh, written)
+        w = tl.arange(0, WIDTH_P2)
+        tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
 
     @triton.jit
     def _sort_key(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
@@ -279,6 +323,8 @@ def select_pages(
     generator: torch.Generator | None = None,
     width: int | None = None,
     use_triton: bool | None = None,
+    budgets: torch.Tensor | None = None,
+    method: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick each (sequence, head)'s pages: the sinks (first pages), the local window (last
     pages), then the top-scoring others up to `budget` pages in all, plus `tail` more drawn
@@ -287,27 +333,81 @@ def select_pages(
     count are 0. `width` fixes K (at least budget + tail) so nothing waits for the host and
     the call can be captured in a CUDA graph; by default K is the largest count. Without a
     tail and with `width` set, on a GPU, up to 16K pages, the Triton kernel runs (ties:
-    lowest pages first)."""
+    lowest pages first). `budgets` [B] int (optional, each at most `budget`): each
+    sequence's own budget (from its own length: a sequence selects the same pages whatever
+    else is in its batch, and each query of a verification as if decoded alone).
+    `method`: "radix" or "bisect" (the Triton kernels; same output, ties to the lowest pages)
+    or "torch"; None on a GPU: the fastest of the three for this shape, timed once per shape
+    outside CUDA-graph capture (their speeds depend on the scores' spread and the row count,
+    so no fixed rule holds: docs/benchmarks.md)."""
     on = use_triton if use_triton is not None else scores.is_cuda
-    # the kernel's one program per row is slower than torch.topk past ~16K pages (500K
-    # tokens: 0.26 ms against 0.18 ms at batch 8 on the H200)
-    if HAS_TRITON and on and tail == 0 and width is not None and scores.shape[-1] <= 16384:
-        return _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width)
-    return select_pages_reference(scores, kv_lens, page_size, budget, sink_pages, window_pages,
-                                  tail, generator, width)  # fmt: skip
+    if tail or width is None or not HAS_TRITON or not on:
+        method = "torch"
+    elif method is None:
+        method = _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages,
+                                 width, budgets)  # fmt: skip
+    if method == "torch":
+        return select_pages_reference(scores, kv_lens, page_size, budget, sink_pages,
+                                      window_pages, tail, generator, width, budgets)  # fmt: skip
+    return _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
+                          budgets, bisect=method == "bisect")  # fmt: skip
 
 
-def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width):
+_METHODS: dict[tuple, str] = {}  # (rows, pages, budget, width) -> the fastest select method
+
+
+def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
+                    budgets=None) -> str:  # fmt: skip
+    B, Hkv, M = scores.shape
+    key = (B * Hkv, M, budget, width)
+    if key in _METHODS:
+        return _METHODS[key]
+    candidates = ["radix", "torch"] + (["bisect"] if M <= 16384 else [])
+    if not scores.is_cuda or torch.cuda.is_current_stream_capturing():
+        return "radix" if M <= 16384 else "torch"
+    times = {}
+    for m in candidates:
+        args = (scores, kv_lens, page_size, budget, sink_pages, window_pages)
+        try:
+            select_pages(*args, width=width, method=m, budgets=budgets)  # compile
+        except Exception:  # noqa: BLE001 (a kernel this GPU or Triton cannot build: skip it)
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            select_pages(*args, width=width, method=m, budgets=budgets)
+        end.record()
+        end.synchronize()
+        times[m] = start.elapsed_time(end)
+    _METHODS[key] = min(times, key=times.get)
+    return _METHODS[key]
+
+
+def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
+                   budgets=None, bisect: bool = False):  # fmt: skip
     B, Hkv, M = scores.shape
     assert kv_lens.dtype == torch.int32 and scores.dtype == torch.float32
     width = min(width, M)
     pages = torch.empty(B, Hkv, width, dtype=torch.int32, device=scores.device)
     counts = torch.empty(B, Hkv, dtype=torch.int32, device=scores.device)
+    has = budgets is not None
+    bud = budgets.to(torch.int32).contiguous() if has else counts
+    if bisect:
+        block = triton.next_power_of_2(max(M, 16))
+        _select_bisect_kernel[(B * Hkv,)](
+            scores, kv_lens, bud, pages, counts, min(budget, M),
+            scores.stride(0), scores.stride(1), pages.stride(0), pages.stride(1),
+            HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages, WIDTH=width,
+            WIDTH_P2=triton.next_power_of_2(width), BLOCK=block, HAS_BUDGETS=has,
+            num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4,
+        )  # fmt: skip
+        return pages, counts
     block = min(4096, triton.next_power_of_2(max(M, width, 16)))
     _select_kernel[(B * Hkv,)](
-        scores, kv_lens, pages, counts, M, min(budget, M),
+        scores, kv_lens, bud, pages, counts, M, min(budget, M),
         scores.stride(0), scores.stride(1), pages.stride(0), pages.stride(1),
         HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages, WIDTH=width, BLOCK=block,
+        HAS_BUDGETS=has,
     )  # fmt: skip
     return pages, counts
 
@@ -322,6 +422,7 @@ def select_pages_reference(
     tail: int = 0,
     generator: torch.Generator | None = None,
     width: int | None = None,
+    budgets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """select_pages in torch (topk and sort); the stochastic tail is only here."""
     B, Hkv, M = scores.shape
@@ -335,6 +436,10 @@ def select_pages_reference(
     s = torch.where(forced[:, None, :], torch.full_like(s, float("inf")), s)
     k = min(M, budget)
     top = torch.topk(s, k, dim=-1)
+    if budgets is not None:  # a row's own budget: the first of its top k (values descend)
+        rank = torch.arange(k, device=scores.device)
+        over = rank[None, None, :] >= budgets.to(scores.device)[:, None, None]
+        top = torch.return_types.topk((top.values.masked_fill(over, float("-inf")), top.indices))
     if tail == 0:  # the top-k set is the selection: sort its k indices only
         keep = top.values > float("-inf")
         counts = keep.sum(-1).to(torch.int32)

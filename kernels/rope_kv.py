@@ -53,11 +53,17 @@ if HAS_TRITON:
             tl.store(dst + s_kvkv, tl.load(V + t * s_vt + j * s_vh + d))
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by the angles of its T positions (cos/sin [T, D]), rotate-half
+    layout."""
+    half = x.shape[-1] // 2
+    return x * cos[:, None] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None]
+
+
 def rope_kv_reference(q, k, v, cos, sin, kv, slot_pages, slot_offsets):
     """q: [T, Hq, D], k, v: [T, Hkv, D], cos/sin: [T, D], kv: [N, Hkv, 2, P, D]."""
-    half, hq = q.shape[-1] // 2, q.shape[1]
-    x = torch.cat((q, k), dim=1)  # rotate q and k together: half the ops on the CPU path
-    x = x * cos[:, None] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None]
+    hq = q.shape[1]
+    x = apply_rope(torch.cat((q, k), dim=1), cos, sin)  # q and k together: half the CPU ops
     q, k = x[:, :hq], x[:, hq:]
     kv[slot_pages, :, 0, slot_offsets] = k
     kv[slot_pages, :, 1, slot_offsets] = v

@@ -36,7 +36,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _sparse_decode_kernel(
-        Q, KV, UNITS, PAGES, COUNTS, LENS, ACC, M, L,
+        Q, KV, UNITS, PAGES, COUNTS, LENS, QMASK, ACC, M, L,
         scale,
         s_qb, s_qt, s_qh,
         s_kvn, s_kvkv, s_kvt,
@@ -45,7 +45,7 @@ if HAS_TRITON:
         s_mb, s_mh, s_ms,
         HKV: tl.constexpr, G: tl.constexpr, T: tl.constexpr, R: tl.constexpr,
         D: tl.constexpr, P: tl.constexpr, BLOCK_PAGES: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HAS_QMASK: tl.constexpr,
     ):  # fmt: skip
         bh = tl.program_id(0)
         s = tl.program_id(1)
@@ -89,6 +89,9 @@ if HAS_TRITON:
             else:
                 scores = tl.dot(q, tl.trans(k)) * scale  # [R, BLOCK_PAGES * P], fp32
             seen = k_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
+            if HAS_QMASK:  # bit t of an entry: query t selected that page
+                bits = tl.load(QMASK + b * s_ub + h * s_uh + e, mask=e_mask, other=0)
+                seen = seen & (((bits[None, :] >> t_of[:, None]) & 1) != 0)
             scores = tl.where(seen, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             # rows that have seen nothing yet keep m = -inf: avoid exp(-inf - -inf)
@@ -173,13 +176,19 @@ def sparse_decode_attention(
     num_splits: int | None = None,
     block_pages: int = 4,
     use_triton: bool | None = None,
+    qmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, T, Hq, D] over the listed pages; returns [B, T, Hq, D] in q's
     dtype. See the module docstring for the layout. A row that sees no key returns NaN
-    (the caller always lists the query's own page)."""
+    (the caller always lists the query's own page). `qmask` [B, Hkv, M] int32 (optional):
+    bit t of an entry says whether query t reads that page (the union of per-query
+    selections of a verification: one list, one fetch, each query its own pages)."""
     B, T, Hq, D, P, Hkv, Mx = _check(q, kv, units, pages, counts, kv_lens)
+    if qmask is not None:
+        assert qmask.shape == units.shape and qmask.dtype == torch.int32 and T <= 31
+        assert qmask.stride() == units.stride()
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
-        return sparse_decode_reference(q, kv, units, pages, counts, kv_lens, scale)
+        return sparse_decode_reference(q, kv, units, pages, counts, kv_lens, scale, qmask)
     G = Hq // Hkv
     R = max(16, triton.next_power_of_2(G * T))
     if num_splits is None:
@@ -188,7 +197,7 @@ def sparse_decode_attention(
     m = torch.empty(B, Hkv, num_splits, R, device=q.device, dtype=torch.float32)
     lsum = torch.empty_like(m)
     _sparse_decode_kernel[(B * Hkv, num_splits)](
-        q, kv, units, pages, counts, kv_lens, acc, m, lsum,
+        q, kv, units, pages, counts, kv_lens, units if qmask is None else qmask, acc, m, lsum,
         scale,
         q.stride(0), q.stride(1), q.stride(2),
         kv.stride(0), kv.stride(1), kv.stride(2),
@@ -196,7 +205,7 @@ def sparse_decode_attention(
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         m.stride(0), m.stride(1), m.stride(2),
         HKV=Hkv, G=G, T=T, R=R, D=D, P=P, BLOCK_PAGES=block_pages,
-        NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
+        NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32, HAS_QMASK=qmask is not None,
     )  # fmt: skip
     out = torch.empty_like(q)
     _sparse_combine_kernel[(B * Hkv, G * T)](
@@ -217,8 +226,10 @@ def sparse_decode_reference(
     counts: torch.Tensor,
     kv_lens: torch.Tensor,
     scale: float,
+    qmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Pure torch, fp32: gather each (sequence, head)'s listed pages, mask by position."""
+    """Pure torch, fp32: gather each (sequence, head)'s listed pages, mask by position (and
+    by `qmask`'s bits: query t reads the entries whose bit t is set)."""
     B, T, Hq, D, P, Hkv, _ = _check(q, kv, units, pages, counts, kv_lens)
     G = Hq // Hkv
     out = torch.empty_like(q)
@@ -233,7 +244,13 @@ def sparse_decode_reference(
             k = unit_kv[:, 0].reshape(-1, D)
             v = unit_kv[:, 1].reshape(-1, D)
             k_pos = (pages[b, h, :c].long()[:, None] * P + offs[None, :]).reshape(-1)
+            # rows past the context may hold anything (a rejected draft, never-written pool
+            # memory): zero them, since 0 x NaN in p @ v would still be NaN
+            v = torch.where((k_pos < n)[:, None], v, 0.0)
             seen = (k_pos[None, :] < n) & (k_pos[None, :] <= q_pos[:, None])  # [T, c*P]
+            if qmask is not None:
+                bits = qmask[b, h, :c].long()[None, :] >> torch.arange(T, device=q.device)[:, None]
+                seen &= (bits & 1).bool().repeat_interleave(P, dim=1)
             qh = q[b, :, h * G : (h + 1) * G].float()  # [T, G, D]
             scores = torch.einsum("tgd,kd->tgk", qh, k) * scale
             scores = scores.masked_fill(~seen[:, None, :], float("-inf"))

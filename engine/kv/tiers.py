@@ -21,6 +21,13 @@ exact attention mass), fetch the selected pages that have no slot from the host,
 the sparse decode kernel over the slots. The result is exactly sparse attention over the
 selected pages. One selection may serve a group of consecutive layers.
 
+Verification (speculative decoding, engine.spec): the T = k+1 queries of a sequence each
+select their own pages (each with its own length, window and budget, as if decoded one by
+one), the union is fetched once, and the kernel masks each query to its own pages, so the
+result is what T single-token steps would compute, at the cost of one fetch. The rows of a
+verification fold into the summaries only once accepted (`fold_rows`); pages of rejected
+positions leave the page table and the GPU tier (`drop_pages`).
+
 Forecast prefetch (engine.kv.forecast): after layer l's attention, `after_attention`
 predicts layer l+1's selection from the residual stream and fetches its missing pages (on a
 side stream on a GPU, joined before layer l+1's append); layer l+1 then selects exactly and
@@ -78,6 +85,9 @@ class SparseConfig:
     # evaluation only: keep all three summary rows so `summary` can be switched at run time
     keep_all_summaries: bool = False
     gpu_kv_budget: int | None = None  # bytes for the GPU slot pools; None: room for all pages
+    # benchmarks only: a verification fetches each query's missing pages in turn (False)
+    # instead of the union once (True, the engine's way)
+    verify_shared_fetch: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -105,7 +115,7 @@ class SparseConfig:
 
 _COUNTERS = ("steps", "selected", "max_selected", "fetched", "evicted", "locality_hits",
              "locality_total", "demand_fetched", "prefetched", "prefetch_hits", "prefetch_waste",
-             "recall_hits", "recall_total")  # fmt: skip
+             "recall_hits", "recall_total", "dropped")  # fmt: skip
 _C = {name: i for i, name in enumerate(_COUNTERS)}
 
 
@@ -132,6 +142,7 @@ class TierStats:
     prefetch_waste: int = 0
     recall_hits: int = 0
     recall_total: int = 0
+    dropped: int = 0  # slots freed because their page left its sequence (rolled back)
 
     @property
     def recall(self) -> float:
@@ -199,6 +210,8 @@ class TieredKV:
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
+        # a verification's rows fold into the summaries only once accepted (fold_rows)
+        self.defer_summaries = False
 
     # -- sizes for the meter ----------------------------------------------------------------
 
@@ -232,6 +245,18 @@ class TieredKV:
         heads = torch.arange(Hkv, device=self.device)
         pages_d, offs = pages.to(self.device).long(), offsets.to(self.device).long()
         units = (pages_d[:, None] * Hkv + heads).reshape(-1)  # [T * Hkv]
+        if not self.defer_summaries:
+            self._fold(layer, k, units, offs)
+        slot = self.slot_of[layer, units].long()
+        dst = torch.where(slot >= 0, slot, self.scratch_slot)
+        off = offs[:, None].expand(-1, Hkv).reshape(-1)
+        self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
+        self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
+
+    def _fold(self, layer: int, k: torch.Tensor, units: torch.Tensor, offs: torch.Tensor) -> None:
+        """Fold keys k [T, Hkv, D] (rows at `offs` of their pages; units [T * Hkv]) into the
+        summaries; a row at offset 0 starts its page's summary again."""
+        Hkv, D = self.Hkv, self.D
         fresh = (offs == 0)[:, None].expand(-1, Hkv).reshape(-1)
         s, rows = self.summ[layer], self.rows
         first = torch.where(fresh, units, self.scratch_unit)
@@ -247,11 +272,27 @@ class TieredKV:
         if rows["sum"] >= 0:
             s[:, rows["sum"]].index_fill_(0, first, 0.0)
             s[:, rows["sum"]].index_add_(0, units, kf)
-        slot = self.slot_of[layer, units].long()
-        dst = torch.where(slot >= 0, slot, self.scratch_slot)
-        off = offs[:, None].expand(-1, Hkv).reshape(-1)
-        self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
-        self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
+
+    def fold_rows(self, pages: list[int], offsets: list[int]) -> None:
+        """Fold rows already in the host tier (a verification's accepted positions, in
+        order) into every layer's summaries."""
+        if not pages:
+            return
+        pg, off = torch.tensor(pages), torch.tensor(offsets)
+        units = pg.to(self.device)[:, None] * self.Hkv + torch.arange(self.Hkv, device=self.device)
+        for layer in range(self.L):
+            k = self.host[layer][pg, :, 0, off]  # [T, Hkv, D]
+            self._fold(layer, k.to(self.device), units.reshape(-1), off.to(self.device))
+
+    def drop_pages(self, pages: list[int]) -> None:
+        """Pages that left their sequence (rolled back): free their slots in every layer."""
+        if not pages:
+            return
+        pg = torch.tensor(pages, device=self.device)
+        units = (pg[:, None] * self.Hkv + torch.arange(self.Hkv, device=self.device)).reshape(-1)
+        for layer in range(self.L):
+            self._acc[_C["dropped"]] += (self.slot_of[layer, units] >= 0).sum()
+            self.drop(layer, units)
 
     def drop(self, layer: int, units: torch.Tensor) -> None:
         """Forget the GPU copies of `units` (their slots become free)."""
@@ -275,10 +316,15 @@ class TieredKV:
             self.clock += 1
         predicted = self._predicted.pop(layer, None)
         if sp.forecast_only and predicted is not None:
-            self._group_selection = predicted[2:]
+            self._group_selection = predicted[2:] + (None,)
         elif layer % sp.layer_group == 0 or self._group_selection is None:
-            self._group_selection = self._select(layer, q, block_tables, kv_lens, scale)
-        pages, counts = self._group_selection
+            if T > 1 and not sp.oracle:
+                self._group_selection = self._select_per_query(q, layer, block_tables, kv_lens)
+            else:
+                self._group_selection = self._select(layer, q, block_tables, kv_lens, scale) + (
+                    None,
+                )
+        pages, counts, qmask = self._group_selection
         width = pages.shape[-1]
         if B * Hkv * width > self.num_slots:
             from engine.errors import CacheFullError
@@ -302,10 +348,14 @@ class TieredKV:
             self._acc[_C["recall_total"]] += total
             self.recall_by_layer[layer, 0] += hits
             self.recall_by_layer[layer, 1] += total
+        if qmask is not None and not sp.verify_shared_fetch:  # the per-query way (benchmarks)
+            for t in range(T):
+                mine = valid & (((qmask >> t) & 1) != 0)
+                self._ensure_resident(layer, units.reshape(-1), mine.reshape(-1))
         slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         out = sparse_decode_attention(
             q.contiguous(), self.slots[layer], slots.view(B, Hkv, width), pages.to(torch.int32),
-            counts, kv_lens.to(torch.int32), scale,
+            counts, kv_lens.to(torch.int32), scale, qmask=qmask,
         )  # fmt: skip
         n_sel = counts.sum()
         acc = self._acc
@@ -334,11 +384,63 @@ class TieredKV:
                 scores = self._synthetic_scores(layer, block_tables)
         else:
             scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
+        # each sequence's own budget (the step's is the longest one's): its pages do not
+        # depend on what else is in the batch
+        budgets = self._budget_pages((kv_lens.long() + P - 1) // P).clamp(max=budget)
         return select_pages(
             scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
             generator=self._gen if sp.tail_pages else None,
-            width=None if sp.tail_pages else budget,
+            width=None if sp.tail_pages else budget, budgets=budgets,
         )  # fmt: skip
+
+    def _select_per_query(self, q, layer, block_tables, kv_lens):
+        """A verification's selection: each of the T queries of a sequence selects as a
+        single-token step at its own position would (its own length, window and budget),
+        and the union is listed once with a bit per query (pages [B, Hkv, W] ascending,
+        counts [B, Hkv], qmask [B, Hkv, W] int32)."""
+        B, T, Hq, D = q.shape
+        sp, P, Hkv = self.sparse, self.P, self.Hkv
+        M = block_tables.shape[1]
+        lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=q.device)).reshape(-1)
+        tables = block_tables.repeat_interleave(T, 0)
+        if sp.synthetic is not None:
+            # benchmarks: query 0 draws as a decode step would; each later query keeps 85% of
+            # its pages (the step-to-step locality measured on the real model)
+            scores = self._synthetic_scores(layer, block_tables).repeat_interleave(T, 0)
+            later = (torch.arange(B * T, device=q.device) % T != 0)[:, None, None]
+            drop = torch.rand(scores.shape, device=q.device) < 0.15
+            scores = scores - 4.0 * (drop & later).float()
+        else:
+            scores = page_scores(q.reshape(B * T, 1, Hq, D), self.summ[layer], tables,
+                                 lens.to(torch.int32), P, Hkv, sp.summary)  # fmt: skip
+        n_pages = (lens + P - 1) // P
+        budgets = self._budget_pages(n_pages).clamp(max=M)
+        top = min(int(budgets.max()), M) if self.step_budget is None else min(self.step_budget, M)
+        pages, counts = select_pages(scores, lens.to(torch.int32), P, top, sp.sink_pages,
+                                     sp.window_pages, width=top, budgets=budgets)  # fmt: skip
+        # membership of each page in each query's selection -> one bit per query
+        valid = torch.arange(top, device=q.device)[None, None, :] < counts[..., None]
+        member = torch.zeros(B * T, Hkv, M + 1, dtype=torch.long, device=q.device)
+        member.scatter_(-1, torch.where(valid, pages.long(), M), 1)
+        weights = (1 << torch.arange(T, device=q.device)).repeat(B)[:, None, None]
+        bits = (member[..., :M] * weights).view(B, T, Hkv, M).sum(1)  # [B, Hkv, M]
+        n_union = (bits != 0).sum(-1).to(torch.int32)
+        width = max(1, int(n_union.max()))  # (a device read: verification runs eagerly)
+        order = torch.sort((bits == 0).to(torch.int8), dim=-1, stable=True).indices[..., :width]
+        listed = torch.arange(width, device=q.device)[None, None, :] < n_union[..., None]
+        qmask = torch.where(listed, torch.gather(bits, -1, order), 0).to(torch.int32)
+        return torch.where(listed, order, 0).to(torch.int32), n_union, qmask
+
+    def _budget_pages(self, n_pages: torch.Tensor) -> torch.Tensor:
+        """SparseConfig.budget_pages for a tensor of page counts."""
+        sp = self.sparse
+        want = torch.zeros_like(n_pages)
+        if sp.budget_tokens is not None:
+            want = want + -(-sp.budget_tokens // self.P)
+        if sp.budget_fraction is not None:
+            frac = torch.ceil(sp.budget_fraction * n_pages.double()).long()
+            want = torch.maximum(want, frac)
+        return want.clamp(min=sp.sink_pages + sp.window_pages + 1)
 
     # -- Forecast prefetch ------------------------------------------------------------------
 

@@ -21,7 +21,11 @@ class PromptLookup:
             # latest earlier occurrence whose continuation is not the suffix itself
             for i in range(n - size - 1, start - 1, -1):
                 if tokens[i : i + size] == suffix:
-                    follow = tokens[i + size : min(i + size + k, n)]
-                    if follow:
-                        return follow
+                    # copy what followed, with overlap (as LZ77 does): a match close to the
+                    # end continues into the proposal itself, so a repeating pattern is
+                    # proposed k tokens long, not just up to the end of the context
+                    out: list[int] = []
+                    for j in range(i + size, i + size + k):
+                        out.append(tokens[j] if j < n else out[j - n])
+                    return out
         return []

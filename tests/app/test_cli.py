@@ -148,10 +148,35 @@ def test_sparse_decode_over_a_small_gpu_tier(small_repo):
     (["--forecast", "free"], "Forecast prefetch needs --sparse"),
     (["--sparse", "2%", "--forecast", "psychic"], "Invalid value for '--forecast'"),
     (["--sparse", "2%", "--gpu-kv-budget", "many"], "not a size"),
+    (["--speculate", "psychic"], "Invalid value for --speculate"),
+    (["--speculate", "draft:"], "draft: needs a model path"),
 ])  # fmt: skip
 def test_bad_kv_options_are_usage_errors(args, needle):
     result = agentctx("ask", "hi", *args)
     assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_speculation_reports_its_acceptance(small_repo):
+    """The default (auto: prompt lookup) drafts from the packed files when the answer quotes
+    them; the usage record says how many tokens each verification gave."""
+    result = agentctx(
+        "ask", "Print the file calc.py exactly as it is.", "--repo", str(small_repo), "--no-save",
+        "--max-tokens", "40", "--json", "--weights", "dense",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    usage = json.loads(result.stdout.strip().splitlines()[-1])
+    spec = usage["speculation"]
+    assert spec["steps"] > 0 and spec["mean_accepted"] >= 1.0
+    off = agentctx("ask", "hi", "--repo", str(small_repo), "--no-save", "--max-tokens", "4",
+                   "--json", "--speculate", "off")  # fmt: skip
+    assert off.returncode == 0 and "speculation" not in off.stdout.strip().splitlines()[-1]
+
+
+def test_draft_model_that_does_not_exist_is_one_clear_line(small_repo):
+    result = agentctx("ask", "hi", "--repo", str(small_repo), "--speculate", "draft:/no/model")
+    assert_one_line_error(result, "/no/model")
 
 
 def test_host_kv_budget_beyond_memory_is_one_clear_line(small_repo):

@@ -103,9 +103,11 @@ def test_stochastic_tail_adds_distinct_unselected_pages():
 
 
 @needs_triton
+@pytest.mark.parametrize("method", ["radix", "bisect"])
 @pytest.mark.parametrize("M, budget, width", [(40, 6, 6), (300, 17, 20), (5000, 100, 100)])
-def test_select_kernel_matches_reference(M, budget, width):
-    """Triton top-k selection (bisection on the scores' bits) against topk + sort: several
+def test_select_kernel_matches_reference(M, budget, width, method):
+    """Triton top-k selection (radix histograms, or bisection with the row in registers)
+    against topk + sort: several
     lengths per batch (one shorter than the budget, one of a single page), negative and
     positive scores, -inf past the pages as page_scores leaves them."""
     g = torch.Generator().manual_seed(M)
@@ -116,18 +118,25 @@ def test_select_kernel_matches_reference(M, budget, width):
     scores[torch.arange(M)[None, None, :] >= n_pages[:, None, None].expand(B, Hkv, M)] = -1e30
     scores = scores.masked_fill(scores == -1e30, float("-inf"))
     args = (scores.to(DEVICE), lens.to(DEVICE), P, budget)
-    got, got_n = select_pages(*args, width=width, use_triton=True)
+    got, got_n = select_pages(*args, width=width, use_triton=True, method=method)
     ref, ref_n = select_pages(*args, width=width, use_triton=False)
     assert torch.equal(got_n.cpu(), ref_n.cpu()) and torch.equal(got.cpu(), ref.cpu())
+    # a budget per sequence (its own length's), at most the step's
+    budgets = torch.tensor([budget, budget - 2, 5, budget], dtype=torch.int32).to(DEVICE)
+    got, got_n = select_pages(*args, width=width, use_triton=True, method=method, budgets=budgets)
+    ref, ref_n = select_pages(*args, width=width, use_triton=False, budgets=budgets)
+    assert torch.equal(got_n.cpu(), ref_n.cpu()) and torch.equal(got.cpu(), ref.cpu())
+    assert got_n[2].max() <= 5 and got_n[1].max() == min(budget - 2, int(n_pages[1]))
 
 
 @needs_triton
-def test_select_kernel_breaks_ties_by_lowest_page():
+@pytest.mark.parametrize("method", ["radix", "bisect"])
+def test_select_kernel_breaks_ties_by_lowest_page(method):
     scores = torch.zeros(1, 2, 30)
     scores[0, 1, 20] = 1.0
     lens = torch.tensor([30 * 16], dtype=torch.int32)
     pages, counts = select_pages(scores.to(DEVICE), lens.to(DEVICE), 16, 6, width=8,
-                                 use_triton=True)  # fmt: skip
+                                 use_triton=True, method=method)  # fmt: skip
     assert counts.tolist() == [[6, 6]]
     assert pages[0, 0].tolist() == [0, 1, 2, 3, 28, 29, 0, 0]  # sink, 3 lowest ties, window
     assert pages[0, 1].tolist() == [0, 1, 2, 20, 28, 29, 0, 0]

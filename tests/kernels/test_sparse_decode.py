@@ -92,3 +92,77 @@ def test_empty_splits_and_one_page_lists():
     out = sparse_decode_attention(*args, 0.125, num_splits=8, block_pages=1, use_triton=True)
     assert torch.isfinite(out).all()
     assert (out - sparse_decode_reference(*args, 0.125)).abs().max().item() < 1e-4
+
+
+def random_qmask(counts: torch.Tensor, M: int, T: int, seed: int) -> torch.Tensor:
+    """Bits per listed entry: each query reads a random subset, always its last entry."""
+    g = torch.Generator().manual_seed(seed)
+    B, Hkv = counts.shape
+    bits = torch.randint(0, 1 << T, (B, Hkv, M), generator=g, dtype=torch.int32)
+    last = (counts.long() - 1).clamp(min=0)[..., None]
+    bits.scatter_(-1, last, torch.full_like(last, (1 << T) - 1, dtype=torch.int32))
+    return bits
+
+
+@needs_triton
+@pytest.mark.parametrize("group", [1, 4])
+def test_kernel_with_per_query_masks_matches_reference(group):
+    T = 3
+    case = make_case(group, 64, T, torch.float32, seed=50 + group)
+    q, kv, units, pages, counts, lens, _ = case
+    qmask = random_qmask(counts, units.shape[-1], T, seed=group)
+    args = [t.to(DEVICE) for t in (q, kv, units, pages, counts, lens)]
+    out = sparse_decode_attention(*args, 0.125, num_splits=2, block_pages=2, use_triton=True,
+                                  qmask=qmask.to(DEVICE))  # fmt: skip
+    ref = sparse_decode_reference(*args, 0.125, qmask=qmask.to(DEVICE))
+    assert (out.float() - ref.float()).abs().max().item() < TOL[torch.float32]
+    assert (ref - sparse_decode_reference(*args, 0.125)).abs().max() > 1e-3  # the mask matters
+
+
+def test_a_masked_union_gives_each_query_its_own_pages():
+    """Query t over the union list with its bits is query t alone over its own list."""
+    T, group, D = 3, 2, 64
+    q, kv, units, pages, counts, lens, _ = make_case(group, D, T, torch.float32, seed=61)
+    qmask = random_qmask(counts, units.shape[-1], T, seed=5)
+    out = sparse_decode_reference(q, kv, units, pages, counts, lens, D**-0.5, qmask=qmask)
+    B, Hkv, _ = units.shape
+    for t in range(T):
+        own_units, own_pages = torch.zeros_like(units), torch.zeros_like(pages)
+        own_counts = torch.zeros_like(counts)
+        for b in range(B):
+            for h in range(Hkv):
+                c = int(counts[b, h])
+                keep = ((qmask[b, h, :c] >> t) & 1).bool()
+                n = int(keep.sum())
+                own_units[b, h, :n], own_pages[b, h, :n] = (
+                    units[b, h, :c][keep],
+                    pages[b, h, :c][keep],
+                )
+                own_counts[b, h] = n
+        # query t alone: the sequence ends at its own position
+        lens_t = lens - (T - 1 - t)
+        alone = sparse_decode_reference(q[:, t : t + 1], kv, own_units, own_pages, own_counts,
+                                        lens_t, D**-0.5)  # fmt: skip
+        torch.testing.assert_close(out[:, t : t + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_rows_past_the_context_never_leak_in(use_triton):
+    """Rows after a sequence's last token (a rejected draft, pool memory never written) may
+    hold NaN: the output must not see them."""
+    if use_triton and not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())):
+        pytest.skip("needs triton")
+    q, kv, units, pages, counts, lens, _ = make_case(2, 64, 2, torch.float32, seed=71)
+    clean = sparse_decode_reference(q, kv, units, pages, counts, lens, 0.125)
+    P = kv.shape[2]
+    for b, n in enumerate(lens.tolist()):
+        last = (n - 1) // P
+        for h in range(units.shape[1]):
+            c = int(counts[b, h])
+            for e in range(c):
+                if int(pages[b, h, e]) == last:
+                    kv[int(units[b, h, e]), :, n % P or P :] = float("nan")
+    args = [t.to(DEVICE) for t in (q, kv, units, pages, counts, lens)]
+    out = sparse_decode_attention(*args, 0.125, num_splits=2, block_pages=2, use_triton=use_triton)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.cpu().float(), clean, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,88 @@
+"""Speculative decoding on the CPU with the default model: decode tok/s and tokens per
+verification for each proposer against no speculation, on a code question over a packed
+repository and a quotation question over a book (the app's own packing and prompts).
+
+python -m bench.cpu_spec [--repo .] [--book ../shared/data/books/pride_and_prejudice.txt] \
+    [--weights auto] [--max-tokens 128] [--modes off lookup self draft] [--json out.json]
+
+One engine serves every mode (the packed prompt comes from the prefix cache after the first
+run, so the modes differ only in decoding). Greedy with the CLI's repetition penalty (1.1):
+every mode emits the same tokens (checked). `draft` uses the default model itself as the
+draft (the only model on the machine): it shows the machinery, not a useful pairing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+class _Quiet:
+    def info(self, *_):
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repo", default=".")
+    ap.add_argument("--book", default="../shared/data/books/pride_and_prejudice.txt")
+    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4"])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--modes", nargs="+", default=["off", "lookup", "self", "draft"])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from agentctx.ask import new_session_messages
+    from engine import Engine, SamplingParams
+    from engine.default_model import default_model_path
+    from engine.spec.decoder import SpecConfig, SpecDecoder, make_proposer
+
+    engine = Engine.load(None, device="cpu", weights=args.weights)
+    params = SamplingParams(max_tokens=args.max_tokens, repetition_penalty=1.1)
+    cases = [("repo", os.path.abspath(args.repo),
+              "Show the source code of the function accept_greedy in engine/spec/accept.py.")]  # fmt: skip
+    if os.path.exists(args.book):
+        cases.append(("book", os.path.abspath(args.book),
+                      "Quote the first three sentences of Chapter 1 exactly."))  # fmt: skip
+    rows = []
+    for kind, root, question in cases:
+        messages, _ = new_session_messages(engine, root, question, params, None, _Quiet(), kind)
+        prompt = engine.chat_tokens(messages)
+        engine.spec = None
+        engine.generate([prompt], SamplingParams(max_tokens=1))  # prefill once, cached after
+        reference = None
+        for mode in args.modes:
+            name = f"draft:{default_model_path()}" if mode == "draft" else mode
+            cfg = SpecConfig(name)
+            engine.spec = (
+                None if mode == "off" else SpecDecoder(engine, cfg, make_proposer(cfg, engine))
+            )
+            c = engine.generate([prompt], params)[0]
+            if reference is None:
+                reference = c.token_ids
+            spec = c.stats.speculation
+            row = {"case": kind, "mode": mode, "prompt_tokens": len(prompt),
+                   "completion_tokens": len(c.token_ids), "decode_tok_s": c.stats.decode_tok_s,
+                   "same_tokens": c.token_ids == reference,
+                   "mean_accepted": spec.mean_accepted if spec else None,
+                   "acceptance_rate": spec.acceptance_rate if spec else None,
+                   "verifications": spec.steps if spec else 0,
+                   "proposer_share": spec.propose_s / c.stats.total_s if spec else 0.0}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n{'case':>5} {'mode':>7} {'prompt':>7} {'tok/s':>7} {'x off':>6} {'tok/verif':>9} "
+          f"{'accepted':>8} {'proposer':>8} same")  # fmt: skip
+    for r in rows:
+        base = next(b for b in rows if b["case"] == r["case"] and b["mode"] == "off")
+        ma = f"{r['mean_accepted']:9.2f}" if r["mean_accepted"] else f"{'-':>9}"
+        ar = f"{r['acceptance_rate']:8.0%}" if r["acceptance_rate"] is not None else f"{'-':>8}"
+        print(f"{r['case']:>5} {r['mode']:>7} {r['prompt_tokens']:7d} {r['decode_tok_s']:7.1f} "
+              f"{r['decode_tok_s'] / base['decode_tok_s']:6.2f} {ma} {ar} "
+              f"{r['proposer_share']:8.0%} {r['same_tokens']}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

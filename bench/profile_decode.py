@@ -1,0 +1,107 @@
+"""Where a sparse decode step's time goes (dummy 8B weights, tiered cache, one process under
+the 24 GiB cap as in bench.e2e_sparse): the step time in CUDA graphs and eagerly, then
+torch.profiler over a few eager steps and over a few graph replays, ops and kernels ranked
+by GPU time, with the number of kernels per step.
+
+python3 -m bench.profile_decode --context 131072 --variant realistic --prefetch off forecast \
+    [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from bench.e2e_sparse import model_config, prompts_for, sync, timed_decode
+
+
+def profile(engine, prompts, steps: int) -> tuple[str, int, float]:
+    """Profile `steps` decode steps; returns (table, kernels per step, GPU ms per step)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with prof_ctx(activities=acts) as prof:
+        timed_decode(engine, prompts, steps + 1)
+        sync()
+    events = prof.key_averages()
+    key = "self_device_time_total"
+    try:
+        table = events.table(sort_by=key, row_limit=30, max_name_column_width=60)
+    except (AttributeError, KeyError):
+        key = "self_cuda_time_total"
+        table = events.table(sort_by=key, row_limit=30, max_name_column_width=60)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.device_time if hasattr(e, "device_time") else e.cuda_time for e in kernels)
+    return table, len(kernels) // (steps + 1), gpu_us / 1000 / (steps + 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--preset", default="llama-3.1-8b")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--budget", type=float, default=0.02)
+    ap.add_argument("--variant", default="realistic", choices=["quest", "realistic", "worst"])
+    ap.add_argument("--prefetch", nargs="+", default=["off", "forecast"])
+    ap.add_argument("--gpu-budget", default="24GiB")
+    ap.add_argument("--gpu-kv-budget", default="5GiB")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from agentctx.kv_snapshots import parse_size
+    from engine import Engine
+    from engine.config import EngineConfig
+    from engine.kv import SparseConfig
+
+    n = args.context
+    window = n + 64
+    sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
+                          forecast="free")  # fmt: skip
+    cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
+                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192)  # fmt: skip
+    if args.device == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
+    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    prompts = prompts_for(n, 1, engine.model_config.vocab_size)
+    timed_decode(engine, [p[:512] for p in prompts], 4)
+    tiers, runner = engine.runner.tiers, engine.runner
+    tiers.sparse.synthetic = {"quest": None, "realistic": 0.85, "worst": 0.0}[args.variant]
+    rows = []
+    for prefetch in args.prefetch:
+        tiers.sparse.forecast = "off" if prefetch == "off" else "free"
+        tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else 0.92
+        runner.reset_graphs()
+        timed_decode(engine, prompts, 4)  # prefill (first time) and graph capture
+        graph = timed_decode(engine, prompts, args.new_tokens)
+        graphs, runner.use_graphs = runner.use_graphs, False
+        eager = timed_decode(engine, prompts, 8)
+        table_eager, k_eager, gpu_eager = profile(engine, prompts, 3)
+        runner.use_graphs = graphs
+        table_graph, k_graph, gpu_graph = profile(engine, prompts, 3)
+        row = {"prefetch": prefetch, "variant": args.variant, "context": n,
+               "graph_ms_per_token": 1000 / graph["decode_tok_s_median_step"],
+               "eager_ms_per_token": 1000 / eager["decode_tok_s_median_step"],
+               "kernels_per_step_eager": k_eager, "gpu_ms_per_step_eager": gpu_eager,
+               "kernels_per_step_graph": k_graph, "gpu_ms_per_step_graph": gpu_graph}  # fmt: skip
+        rows.append(row)
+        print(f"\n=== prefetch {prefetch}: eager ops by GPU time ===\n{table_eager}")
+        print(f"\n=== prefetch {prefetch}: graph replays, kernels by GPU time ===\n{table_graph}")
+        print(json.dumps(row), flush=True)
+    print()
+    for r in rows:
+        print(f"{r['variant']:>10} prefetch {r['prefetch']:>8}: graph {r['graph_ms_per_token']:6.2f} "
+              f"ms/token, eager {r['eager_ms_per_token']:6.2f}; kernels/step {r['kernels_per_step_eager']}"
+              f" (graph {r['kernels_per_step_graph']}), GPU busy {r['gpu_ms_per_step_eager']:.2f} / "
+              f"{r['gpu_ms_per_step_graph']:.2f} ms per step")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

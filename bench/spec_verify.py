@@ -1,0 +1,150 @@
+"""The cost of verifying k drafted tokens against a single-token decode step, over the tiered
+sparse KV cache (dummy 8B weights, 2% budget, realistic page locality, one process under a
+24 GiB GPU cap as in bench.e2e_sparse), at batch 1 and 8 (the 8 sequences share one long
+context through the prefix cache: eight questions over one repository or book).
+
+For k = 0 (one token), 1, 2, 4, 8: `ModelRunner.verify` over every sequence's last token and
+a random k-token draft, with the k+1 queries' pages fetched once as a union (the engine's
+way) and fetched query by query. Each verification's own selections are what single-token
+steps at those positions would pick; with synthetic selections, later queries keep 85% of
+the first one's pages (the step-to-step locality measured on the real model).
+
+Two times per case: wall time of the eager step (verification is not captured in a CUDA
+graph: Python launches ~6,000 kernels per step, so wall time is launch-bound), and the GPU
+kernel time per step (sum of kernel durations from torch.profiler), the device cost that a
+graph replay approaches. The single-token step in a CUDA graph is the reference.
+
+python3 -m bench.spec_verify --context 131072 [--batches 1 8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from bench.e2e_sparse import model_config, prompts_for, sync
+
+
+def kernel_ms(fn, reps: int) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        sync()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(getattr(e, "device_time", None) or e.cuda_time for e in kernels)
+    return total / 1000 / reps
+
+
+def wall_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    ap.add_argument("--preset", default="llama-3.1-8b")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--budget", type=float, default=0.02)
+    ap.add_argument("--gpu-budget", default="24GiB")
+    ap.add_argument("--gpu-kv-budget", default="5GiB")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from agentctx.kv_snapshots import parse_size
+    from engine import Engine, SamplingParams
+    from engine.config import EngineConfig
+    from engine.kv import SparseConfig
+    from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+    n, bmax = args.context, max(args.batches)
+    window = n + 256
+    sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
+                          synthetic=0.85)  # fmt: skip
+    cfg = EngineConfig(max_model_len=window, max_num_seqs=bmax, sparse=sparse,
+                       num_pages=-(-window // 16) + 32 * bmax + 64,
+                       max_num_batched_tokens=8192)  # fmt: skip
+    if args.device == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
+    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    prompt = prompts_for(n, 1, engine.model_config.vocab_size)[0]
+    runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
+    rng = random.Random(0)
+    rows = []
+    for batch in args.batches:
+        params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+        reqs = [engine.add_request(prompt, params) for _ in range(batch)]
+        while not all(r.stats.completion_tokens >= 4 for r in reqs):  # prefill, graph capture
+            engine.step()
+        sync()
+        t0 = time.perf_counter()
+        steps = 8
+        for _ in range(steps):
+            engine.step()
+        sync()
+        graph_ms = (time.perf_counter() - t0) * 1000 / steps
+        seqs = [r.seq for r in reqs]
+        vocab = engine.model_config.vocab_size
+        for shared in (True, False):
+            tiers.sparse.verify_shared_fetch = shared
+            for k in args.ks:
+                for s in seqs:
+                    assert bm.ensure_capacity(s, len(s) + k)
+                drafts = [tuple(rng.randrange(100, vocab) for _ in range(k)) for _ in seqs]
+                out = SchedulerOutput([ScheduledSeq(s, k + 1, True, draft=d)
+                                       for s, d in zip(seqs, drafts, strict=True)], [])  # fmt: skip
+
+                def step(out=out):
+                    tiers.end_step(max(len(s) + (k + 1) - 1 for s in seqs))
+                    runner.verify(out)
+
+                step()
+                step()  # warm-up: compile
+                st0 = tiers.stats
+                wall = wall_ms(step, args.reps)
+                gpu = kernel_ms(step, 3) if args.device == "cuda" else wall_ms(step, 3)
+                st1 = tiers.stats
+                fetched = (st1.fetched - st0.fetched) / (args.reps + 3)
+                row = {"context": n, "batch": batch, "k": k, "shared_fetch": shared,
+                       "wall_ms": wall, "gpu_kernel_ms": gpu, "graph_decode_ms": graph_ms,
+                       "fetched_pages_per_step": fetched,
+                       "fetched_mb_per_step": fetched * tiers.unit_bytes / 1e6}  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        for r in reqs:
+            r.cancelled.set()
+        engine.step()
+    base = {(r["batch"], r["shared_fetch"]): r for r in rows if r["k"] == 0}
+    print(f"\ncontext {n}, budget {args.budget:.1%}; ratios against one token (k = 0)")
+    print(f"{'batch':>5} {'k':>2} {'fetch':>9} {'wall ms':>8} {'x':>5} {'GPU ms':>7} {'x':>5} "
+          f"{'MB fetched':>10}  graph step ms")  # fmt: skip
+    for r in rows:
+        b = base[(r["batch"], r["shared_fetch"])]
+        print(f"{r['batch']:>5} {r['k']:>2} {'union' if r['shared_fetch'] else 'per-query':>9} "
+              f"{r['wall_ms']:8.2f} {r['wall_ms'] / b['wall_ms']:5.2f} {r['gpu_kernel_ms']:7.2f} "
+              f"{r['gpu_kernel_ms'] / b['gpu_kernel_ms']:5.2f} {r['fetched_mb_per_step']:10.1f}"
+              f"  {r['graph_decode_ms']:.2f}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Speculative decoding inside the engine's step loop.
+
+For a batch of decoding sequences: each sequence's proposer drafts up to k tokens (k adapted
+per sequence), one target forward verifies every sequence's last token and its draft (k+1
+positions each; with the tiered cache the k+1 queries share one page selection and one fetch),
+and the acceptance rule keeps a prefix of the draft plus one target token. The engine then
+commits the emitted tokens one at a time (stop conditions apply between them) and the runner
+rolls back what the rejected positions left: their pages, their GPU slots, and (tiered
+cache) the page summaries, which fold only the accepted rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import EngineError
+from engine.sampler import filter_logits, penalize
+from engine.spec.accept import accept_greedy, accept_sampling
+from engine.spec.proposers import (
+    AdaptiveLength,
+    DraftModel,
+    LookupProposer,
+    Proposer,
+    SelfDraft,
+)
+
+MODES = ("off", "auto", "lookup", "self", "draft:PATH")
+
+
+@dataclass
+class SpecConfig:
+    """`mode`: "off", "lookup", "self", "draft:PATH" (a model the engine can load), or
+    "auto" (prompt lookup: free when nothing matches, since a step without a draft is a plain
+    decode step). `max_k`: the longest draft; `window`/`sinks`: the ring of self and draft."""
+
+    mode: str = "auto"
+    max_k: int = 8
+    start_k: int = 4
+    window: int = 256
+    sinks: int = 4
+
+    def __post_init__(self) -> None:
+        if not (self.mode in ("off", "auto", "lookup", "self") or self.mode.startswith("draft:")):
+            raise ValueError(f"speculate must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == "draft:":
+            raise ValueError("draft: needs a model path, e.g. draft:/models/small.gguf")
+        if not 1 <= self.max_k <= 16:
+            raise ValueError(f"max_k must be in [1, 16], got {self.max_k}")
+        if self.window < 1 or self.sinks < 0:
+            raise ValueError("window >= 1 and sinks >= 0")
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Per request: verification steps, drafted and accepted tokens, proposer time."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    propose_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens emitted per verification step (accepted drafts + the target's own)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
+    mode = cfg.mode
+    if mode == "off":
+        return None
+    if mode in ("auto", "lookup"):
+        return LookupProposer()
+    runner = engine.runner
+    if mode == "self":
+        return SelfDraft(engine.model, runner.rope, runner.kv.pool, runner.page_size,
+                         cfg.sinks, cfg.window, cfg.max_k)  # fmt: skip
+    from engine import Engine
+    from engine.rope import RotaryEmbedding
+
+    draft = Engine.load(mode.removeprefix("draft:"), device=engine.device, dtype=engine.dtype,
+                        weights="dense")  # fmt: skip
+    if draft.model_config.vocab_size != engine.model_config.vocab_size:
+        raise EngineError(
+            f"the draft model's vocabulary ({draft.model_config.vocab_size} tokens) is not "
+            f"the target's ({engine.model_config.vocab_size})"
+        )
+    rope = RotaryEmbedding(draft.model_config, engine.max_model_len, engine.device, engine.dtype)
+    return DraftModel(draft.model, rope, cfg.sinks, cfg.window, cfg.max_k)
+
+
+class SpecDecoder:
+    def __init__(self, engine, cfg: SpecConfig, proposer: Proposer) -> None:
+        self.engine, self.cfg, self.proposer = engine, cfg, proposer
+        self.lengths = AdaptiveLength(cfg.start_k, cfg.max_k)
+        self.generators: dict[int, torch.Generator] = {}
+        self.stats: dict[int, SpecStats] = {}
+
+    def _generator(self, seq) -> torch.Generator:
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            gen = torch.Generator()
+            if seq.params.seed is not None:
+                gen.manual_seed(seq.params.seed + 1)
+            else:
+                gen.seed()
+            self.generators[seq.seq_id] = gen
+        return gen
+
+    def plan(self, out) -> tuple[dict[int, list[int]], dict[int, object]] | None:
+        """Drafts for a batch of decoding sequences, padded to one length; None when no
+        sequence has one (the step runs as a plain decode step) or room is short."""
+        engine = self.engine
+        items = out.scheduled
+        if not items or not all(it.is_decode for it in items):
+            return None
+        drafts, probs = {}, {}
+        for it in items:
+            seq = it.seq
+            p = seq.params
+            room = min(p.max_tokens - seq.num_completion_tokens - 1,
+                       engine.max_model_len - len(seq))  # fmt: skip
+            k = min(self.lengths.get(seq.seq_id), room)
+            if k <= 0:
+                drafts[seq.seq_id] = []
+                continue
+            t0 = time.perf_counter()
+            d = self.proposer.propose(seq, k, self._generator(seq))
+            self._stats(seq).propose_s += time.perf_counter() - t0
+            drafts[seq.seq_id] = d.tokens[:k]
+            probs[seq.seq_id] = None if d.probs is None else d.probs[:k]
+        width = max(len(d) for d in drafts.values())
+        if width == 0:
+            return None
+        bm = engine.block_manager
+        for it in items:  # every sequence verifies `width` positions (padding is rejected)
+            if not bm.ensure_capacity(it.seq, len(it.seq) + width):
+                return None
+        return drafts, probs
+
+    def _stats(self, seq) -> SpecStats:
+        return self.stats.setdefault(seq.seq_id, SpecStats())
+
+    def verify(self, out, drafts: dict[int, list[int]], probs: dict) -> dict[int, list[int]]:
+        """One target forward over every sequence's k+1 positions; returns the emitted tokens
+        of each sequence (1 to k+1)."""
+        from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+        width = max(len(d) for d in drafts.values())
+        items = []
+        for it in out.scheduled:
+            d = drafts[it.seq.seq_id]
+            pad = [d[-1] if d else it.seq.token_ids[-1]] * (width - len(d))
+            items.append(ScheduledSeq(it.seq, width + 1, True, draft=tuple(d + pad)))
+        logits = self.engine.runner.verify(SchedulerOutput(items, []))  # [B, k+1, V]
+        emitted = {}
+        for i, it in enumerate(out.scheduled):
+            seq = it.seq
+            d = drafts[seq.seq_id]
+            rows = logits[i, : len(d) + 1].float()
+            p = seq.params
+            if p.repetition_penalty != 1.0:  # position j has generated the draft's first j too
+                done = seq.completion_token_ids
+                rows = torch.stack([penalize(rows[j], done + d[:j], p.repetition_penalty)
+                                    for j in range(len(d) + 1)])  # fmt: skip
+            if p.greedy:
+                toks = accept_greedy(rows.argmax(-1).tolist(), d)
+            else:
+                target = torch.softmax(filter_logits(rows / p.temperature, p.top_k, p.top_p), -1)
+                q = probs.get(seq.seq_id)
+                if q is None:  # deterministic proposals: one-hot rows
+                    q = torch.zeros(len(d), rows.shape[-1])
+                    q[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 1.0
+                toks = accept_sampling(target.cpu(), q, d, self._generator(seq))
+            st = self._stats(seq)
+            if d:
+                st.steps += 1
+                st.drafted += len(d)
+                st.accepted += len(toks) - 1
+                self.lengths.update(seq.seq_id, len(d), len(toks) - 1)
+                self.proposer.accepted(seq, len(d), len(toks) - 1)
+            emitted[seq.seq_id] = toks
+        return emitted
+
+    def release(self, seq_id: int) -> SpecStats | None:
+        self.proposer.release(seq_id)
+        self.lengths.release(seq_id)
+        self.generators.pop(seq_id, None)
+        return self.stats.pop(seq_id, None)

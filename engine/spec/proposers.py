@@ -1,0 +1,192 @@
+"""Proposers for speculative decoding, behind one small interface, and the adaptive draft
+length.
+
+- `LookupProposer`: n-gram matches in the sequence's own tokens (engine.spec.lookup); free
+  to run, strong where the answer quotes the context (code, a book's sentences).
+- `SelfDraft`: the target model itself attending only to a ring of the sinks and the last W
+  positions (engine.spec.ring). The ring holds the target's own exact KV of those positions,
+  copied from the paged pool after each verification; only the tokens being drafted get KV
+  computed with the window alone.
+- `DraftModel`: a separate small model of the same tokenizer with its own ring: it reads the
+  sinks and the last W tokens of the context when it starts, then the accepted tokens.
+
+A proposer returns up to k tokens and, when it samples, its distribution at each of them
+(the rejection rule needs q(x)); a deterministic proposer returns none (one-hot rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampler import filter_logits
+from engine.spec.lookup import PromptLookup
+from engine.spec.ring import RingKV, ring_forward
+
+
+@dataclass(slots=True)
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # [k, V] on the CPU; None: deterministic proposals
+
+
+class Proposer:
+    name = "?"
+
+    def propose(self, seq, k: int, generator: torch.Generator | None = None) -> Draft:
+        raise NotImplementedError
+
+    def accepted(self, seq, drafted: int, accepted: int) -> None:
+        """The target accepted `accepted` of the `drafted` tokens (seq already extended)."""
+
+    def release(self, seq_id: int) -> None:
+        """The sequence is gone: drop what is kept for it."""
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+class LookupProposer(Proposer):
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
+        self.lookup = PromptLookup(max_ngram, min_ngram)
+
+    def propose(self, seq, k: int, generator: torch.Generator | None = None) -> Draft:
+        return Draft(self.lookup.propose(seq.token_ids, k))
+
+
+class _RingDrafter(Proposer):
+    """Drafts with `model` over a RingKV per sequence; subclasses say how the ring learns the
+    context (`_sync`) and what happens to the drafted entries after verification."""
+
+    def __init__(self, model, rope, sinks: int, window: int, max_k: int, device, dtype) -> None:
+        self.model, self.rope = model, rope
+        self.sinks, self.window, self.max_k = sinks, window, max_k
+        self.device, self.dtype = device, dtype
+        cfg = model.cfg
+        self.shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        self.rings: dict[int, RingKV] = {}
+
+    def _ring(self, seq) -> RingKV:
+        ring = self.rings.get(seq.seq_id)
+        if ring is None:
+            L, Hkv, D = self.shape
+            ring = RingKV(L, Hkv, D, self.sinks, self.window, self.max_k + 1, self.device,
+                          self.dtype)  # fmt: skip
+            self.rings[seq.seq_id] = ring
+        return ring
+
+    def memory_bytes(self) -> int:
+        return sum(r.nbytes for r in self.rings.values())
+
+    def release(self, seq_id: int) -> None:
+        self.rings.pop(seq_id, None)
+
+    def _sync(self, seq, ring: RingKV) -> tuple[list[int], list[int], bool]:
+        """Bring the ring up to the context; returns the tokens and positions of the first
+        draft forward and whether they go to the tail."""
+        raise NotImplementedError
+
+    def propose(self, seq, k: int, generator: torch.Generator | None = None) -> Draft:
+        ring = self._ring(seq)
+        ring.clear_tail()
+        ids, positions, to_tail = self._sync(seq, ring)
+        params = seq.params
+        tokens, rows = [], []
+        for i in range(min(k, self.max_k)):
+            logits = ring_forward(self.model, self.rope, ring, ids, positions, to_tail)
+            if params.greedy:
+                token = int(logits.argmax())
+            else:
+                probs = torch.softmax(
+                    filter_logits(logits / params.temperature, params.top_k, params.top_p), -1
+                ).cpu()
+                token = int(torch.multinomial(probs, 1, generator=generator))
+                rows.append(probs)
+            tokens.append(token)
+            if i + 1 < k:
+                ids, positions, to_tail = [token], [positions[-1] + 1], True
+        return Draft(tokens, torch.stack(rows) if rows else None)
+
+
+class SelfDraft(_RingDrafter):
+    """The target drafts for itself over the sinks and its last W positions. `pool`: the
+    target's paged KV [L, pages, Hkv, 2, P, D] (its exact KV is copied into the ring)."""
+
+    name = "self"
+
+    def __init__(self, model, rope, pool: torch.Tensor, page_size: int, sinks: int = 4,
+                 window: int = 256, max_k: int = 8) -> None:  # fmt: skip
+        dev = next(model.parameters()).device
+        super().__init__(model, rope, sinks, window, max_k, dev, pool.dtype)
+        self.pool, self.P = pool, page_size
+
+    def _sync(self, seq, ring: RingKV):
+        end = seq.num_computed_tokens  # the target's KV holds positions [0, end)
+        want = [p for p in range(ring.next_pos, end) if p < ring.S or p >= end - ring.W]
+        if want:
+            dev = self.pool.device
+            pages = torch.tensor([seq.block_table[p // self.P] for p in want], device=dev)
+            offs = torch.tensor([p % self.P for p in want], device=dev)
+            rows = self.pool.permute(0, 1, 4, 2, 3, 5)[:, pages, offs]  # [L, T, Hkv, 2, D]
+            ring.store(rows[..., 0, :].to(self.device), rows[..., 1, :].to(self.device), want)
+        ring.next_pos = end
+        # the last token has no KV in the target yet: draft from it in the tail
+        return seq.token_ids[end:], list(range(end, len(seq))), True
+
+
+class DraftModel(_RingDrafter):
+    """A separate model of the same tokenizer (`model` a CausalLM, `rope` its rotary table)
+    drafting over its own ring."""
+
+    name = "draft"
+
+    def __init__(self, model, rope, sinks: int = 4, window: int = 256, max_k: int = 8) -> None:
+        p = next(model.parameters())
+        super().__init__(model, rope, sinks, window, max_k, p.device, p.dtype)
+        self.pending: dict[int, int] = {}  # seq -> drafted tokens to keep after verification
+
+    def _sync(self, seq, ring: RingKV):
+        # every token of the sequence is final: read those the ring has not seen (of a long
+        # stretch, the sinks and the last W: ring_forward stores only those)
+        start = ring.next_pos
+        n = len(seq)
+        positions = list(range(start, n))
+        if len(positions) > ring.S + ring.W:
+            positions = [p for p in positions if p < ring.S] + list(range(n - ring.W, n))
+        ring.next_pos = n
+        return [seq.token_ids[p] for p in positions], positions, False
+
+    def accepted(self, seq, drafted: int, accepted: int) -> None:
+        ring = self.rings.get(seq.seq_id)
+        if ring is None:
+            return
+        # the tail holds the KV of the drafted tokens that were fed back (all but the last):
+        # the accepted ones among them are context now
+        keep = min(accepted, ring.tail_len)
+        ring.commit_tail(keep)
+        ring.next_pos += keep
+        ring.clear_tail()
+
+
+class AdaptiveLength:
+    """The draft length per sequence: grows by 2 after a fully accepted draft, shrinks to one
+    past the accepted prefix after a rejection (at least 1, at most max_k)."""
+
+    def __init__(self, start: int = 4, max_k: int = 8) -> None:
+        self.start, self.max_k = min(start, max_k), max_k
+        self.k: dict[int, int] = {}
+
+    def get(self, seq_id: int) -> int:
+        return self.k.get(seq_id, self.start)
+
+    def update(self, seq_id: int, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        k = self.get(seq_id)
+        self.k[seq_id] = min(self.max_k, k + 2) if accepted == drafted else max(1, accepted + 1)
+
+    def release(self, seq_id: int) -> None:
+        self.k.pop(seq_id, None)
