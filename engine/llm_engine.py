@@ -441,6 +441,10 @@ class Engine:
 
         if self.spec is not None:  # each step may draft: nothing is certain
             return None
+        if any(it.seq.is_finished for it in out.scheduled):
+            # cancelled while its step was in flight: its blocks are gone (planning it would
+            # take a whole context's worth of blocks for a finished sequence)
+            return None
         if self.scheduler.waiting or any(r.cancelled.is_set() for r in self.requests.values()):
             return None
         for item in out.scheduled:

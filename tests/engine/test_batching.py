@@ -166,3 +166,22 @@ def test_host_tier_prefill_attention_matches_dense(use_triton):
         q, k[None], v[None], attn_mask=mask, scale=0.3, enable_gqa=True
     )
     assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_a_step_cancelled_in_flight_is_not_planned_again(checkpoint):
+    """On a GPU the next decode step is planned while one is in flight; a sequence cancelled
+    meanwhile is finished (its blocks freed): planning it again took blocks for its whole
+    length, never returned (found with a 128K context, which then left no room)."""
+    from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+    engine = load_engine(checkpoint)
+    req = engine.add_request(prompts()[3], SamplingParams(max_tokens=20, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    free = engine.block_manager.num_free_blocks
+    req.cancelled.set()
+    engine.step()
+    assert req.done and engine.block_manager.num_free_blocks > free
+    free = engine.block_manager.num_free_blocks
+    assert engine._plan_ahead(SchedulerOutput([ScheduledSeq(req.seq, 1, True)], [])) is None
+    assert engine.block_manager.num_free_blocks == free
