@@ -5,9 +5,10 @@ repository and a quotation question over a book (the app's own packing and promp
 python -m bench.cpu_spec [--repo .] [--book ../shared/data/books/pride_and_prejudice.txt] \
     [--weights auto] [--max-tokens 128] [--modes off lookup self draft] [--json out.json]
 
-One engine serves every mode (the packed prompt comes from the prefix cache after the first
-run, so the modes differ only in decoding). Greedy with the CLI's repetition penalty (1.1):
-every mode emits the same tokens (checked). `draft` uses the default model itself as the
+One engine serves every mode; the prefix cache is emptied before each run, so every mode
+prefills the same way (with the 4-bit weights, a prompt partly taken from the cache can
+decode differently from a cold one: its tail is prefilled in another chunking). Greedy
+with the CLI's repetition penalty (1.1): every mode must emit the same tokens (checked). `draft` uses the default model itself as the
 draft (the only model on the machine): it shows the machinery, not a useful pairing.
 """
 
@@ -48,8 +49,6 @@ def main() -> None:
     for kind, root, question in cases:
         messages, _ = new_session_messages(engine, root, question, params, None, _Quiet(), kind)
         prompt = engine.chat_tokens(messages)
-        engine.spec = None
-        engine.generate([prompt], SamplingParams(max_tokens=1))  # prefill once, cached after
         reference = None
         for mode in args.modes:
             name = f"draft:{default_model_path()}" if mode == "draft" else mode
@@ -57,6 +56,7 @@ def main() -> None:
             engine.spec = (
                 None if mode == "off" else SpecDecoder(engine, cfg, make_proposer(cfg, engine))
             )
+            engine.block_manager.reset_prefix_cache()
             c = engine.generate([prompt], params)[0]
             if reference is None:
                 reference = c.token_ids
@@ -67,7 +67,12 @@ def main() -> None:
                    "mean_accepted": spec.mean_accepted if spec else None,
                    "acceptance_rate": spec.acceptance_rate if spec else None,
                    "verifications": spec.steps if spec else 0,
-                   "proposer_share": spec.propose_s / c.stats.total_s if spec else 0.0}  # fmt: skip
+                   "proposer_share": spec.propose_s / c.stats.total_s if spec else 0.0,
+                   "drafted": spec.drafted if spec else 0,
+                   # seconds per step by query positions (1: a plain step), as measured by
+                   # the draft-length policy during the run
+                   "step_ms": {T: 1000 * t for T, t in sorted(engine.spec.lengths.step_s.items())}
+                   if engine.spec else {}}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{'case':>5} {'mode':>7} {'prompt':>7} {'tok/s':>7} {'x off':>6} {'tok/verif':>9} "

@@ -161,6 +161,18 @@ def _attention_per_sequence(
             ks, vs = gather_kv(kv, pages, kv_len)
         window = ctx.sliding_window if ctx.sliding_window and kv_len > ctx.sliding_window else None
         qs = q[start:end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
+        if ctx.verify and window is None and not q.is_cuda:
+            # each query exactly as a decode step at its position computes it
+            o = torch.cat([
+                _decode_attention_cpu(qs[:, :, t : t + 1], ks[:, : kv_len - q_len + t + 1],
+                                      vs[:, : kv_len - q_len + t + 1], scale)
+                for t in range(q_len)
+            ], dim=2)  # fmt: skip
+            if len(ctx.query_lens) == 1:
+                return o[0].transpose(0, 1)
+            out[start:end] = o[0].transpose(0, 1)
+            start = end
+            continue
         if ctx.prefill_attn_dtype is not None and q_len > 1:
             # compute-bound prefill attention in bf16 (AMX on the CPU: 2.1x faster at 512 x 4096)
             qs, ks, vs = (t.to(ctx.prefill_attn_dtype) for t in (qs, ks, vs))

@@ -394,7 +394,14 @@ class Engine:
                     self.steps_launched_ahead += 1
                 sampled = self.runner.collect(handle)
             else:
+                t0 = time.perf_counter()
                 sampled = self.runner.run(out)
+                if (
+                    self.spec is not None
+                    and out.scheduled
+                    and all(it.is_decode for it in out.scheduled)
+                ):
+                    self.spec.observe_plain_step(time.perf_counter() - t0)
             now = time.perf_counter()
             finished = self.scheduler.postprocess(out, sampled)
             for item in out.scheduled:

@@ -19,6 +19,19 @@ from kernels.rope_kv import rope_kv
 from kernels.silu_mul import silu_mul
 
 
+def row_exact(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) with each row computed as a one-row call would: a GEMM over several rows
+    may sum in another order than the GEMV of one row (MKL does, in the last bits), so a
+    verification step runs its rows one by one. The 4-bit kernel is row-independent as it
+    is (tested), and is kept for any row count here (its dense switch-over would change the
+    numbers)."""
+    from engine.quant import Int4Linear
+
+    if isinstance(linear, Int4Linear):
+        return linear.forward(x, kernel_rows=x.shape[0])
+    return torch.cat([linear.forward(x[i : i + 1]) for i in range(x.shape[0])])
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -54,7 +67,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj.forward(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        exact = ctx.verify and not x.is_cuda
+        qkv = row_exact(self.qkv_proj, x) if exact else self.qkv_proj.forward(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(T, self.num_kv_heads, self.head_dim)
@@ -70,9 +85,10 @@ class Attention(nn.Module):
                     self.layer_idx, q.view(B, T // B, *q.shape[1:]), ctx.tier_tables,
                     ctx.tier_lens, self.scale,
                 )  # fmt: skip
-                return self.o_proj.forward(o.reshape(T, self.q_size))
-        o = paged_attention(q, k, v, kv, ctx, self.scale, self.layer_idx)  # [T, Hq, D]
-        return self.o_proj.forward(o.reshape(T, self.q_size))
+                o = o.reshape(T, self.q_size)
+                return row_exact(self.o_proj, o) if exact else self.o_proj.forward(o)
+        o = paged_attention(q, k, v, kv, ctx, self.scale, self.layer_idx).reshape(T, self.q_size)
+        return row_exact(self.o_proj, o) if exact else self.o_proj.forward(o)
 
 
 class MLP(nn.Module):
@@ -81,7 +97,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        if exact:
+            return row_exact(self.down_proj, silu_mul(row_exact(self.gate_up_proj, x)))
         return self.down_proj.forward(silu_mul(self.gate_up_proj.forward(x)))
 
 
@@ -105,7 +123,7 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm.forward(h, residual)
         if ctx.tier_tables is not None:  # sparse decode: Forecast prefetch for the next layer
             ctx.tiers.after_attention(self.self_attn.layer_idx, residual, ctx)
-        return self.mlp.forward(h), residual
+        return self.mlp.forward(h, ctx.verify and not h.is_cuda), residual
 
 
 class CausalLM(nn.Module):
@@ -128,8 +146,11 @@ class CausalLM(nn.Module):
             x, residual = layer.forward(x, residual, kv, ctx)
         return self.norm(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """exact: each row as a one-row call computes it (a verification on the CPU)."""
         if self.int8_head is not None:
-            return self.int8_head(hidden)
+            return self.int8_head(hidden)  # row-independent (tested)
         weight = self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        if exact and not hidden.is_cuda:
+            return torch.cat([F.linear(hidden[i : i + 1], weight) for i in range(len(hidden))])
         return F.linear(hidden, weight)

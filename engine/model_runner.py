@@ -188,7 +188,8 @@ class ModelRunner:
         finally:
             if self.tiers is not None:
                 self.tiers.defer_summaries = False
-        return self.model.compute_logits(hidden).view(len(query_lens), query_lens[0], -1)
+        logits = self.model.compute_logits(hidden, exact=True)
+        return logits.view(len(query_lens), query_lens[0], -1)
 
     def after_verify(self, seq, start: int, table: list[int], bm) -> list[int]:
         """After a verification from position `start`: the positions up to
@@ -220,8 +221,9 @@ class ModelRunner:
             kv_lens=kv_lens,
             page_lists=[self._to_device(p) for p in page_lists],
             sliding_window=self.cfg.sliding_window,
-            prefill_attn_dtype=self.prefill_attn_dtype,
+            prefill_attn_dtype=None if verify else self.prefill_attn_dtype,
             dense_kv=dense_kv,
+            verify=verify,
         )
         ctx.cos, ctx.sin = self.rope(
             self._to_device(positions), rope_lens if self.rope.dynamic else None

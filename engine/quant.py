@@ -83,11 +83,13 @@ class Int4Linear(nn.Module):
             max_tokens = DENSE_ABOVE.get(dense.dtype, 32) if dense is not None else 0
         self.max_tokens = max_tokens
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernel_rows: int = 0) -> torch.Tensor:
+        """kernel_rows: use the 4-bit kernel up to this many rows even past max_tokens (a
+        verification step's rows must match single-row decode bit for bit)."""
         # Kept lean: at T = 1 the kernel takes ~15 us, so each extra op's ~1 us shows.
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         dense, bias = self.dense, self.bias
-        if dense is not None and x2.shape[0] > self.max_tokens:
+        if dense is not None and x2.shape[0] > max(self.max_tokens, kernel_rows):
             y = F.linear(x2.to(dense.dtype), dense, None if bias is None else bias.to(dense.dtype))
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(

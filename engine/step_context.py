@@ -32,3 +32,6 @@ class StepContext:
     tiers: object | None = None
     tier_tables: torch.Tensor | None = None
     tier_lens: torch.Tensor | None = None
+    # a verification (speculative decoding): each query token must compute exactly what a
+    # single-token decode step at its position would (row_exact in engine.model)
+    verify: bool = False

@@ -218,6 +218,24 @@ def sparse_decode_attention(
     return out
 
 
+def _reference_one(qh, kv, units, pages, n: int, scale: float) -> torch.Tensor:
+    """One (sequence, KV head): queries qh [T, G, D] at the last T of n positions over the
+    listed page units; fp32 inside, qh's dtype out."""
+    T, _, D = qh.shape
+    P = kv.shape[2]
+    unit_kv = kv[units.long()].float()  # [c, 2, P, D]
+    k = unit_kv[:, 0].reshape(-1, D)
+    k_pos = (pages.long()[:, None] * P + torch.arange(P, device=qh.device)[None, :]).reshape(-1)
+    # rows past the context may hold anything (a rejected draft, never-written pool memory):
+    # zero them, since 0 x NaN in p @ v would still be NaN
+    v = torch.where((k_pos < n)[:, None], unit_kv[:, 1].reshape(-1, D), 0.0)
+    q_pos = torch.arange(n - T, n, device=qh.device)
+    seen = (k_pos[None, :] < n) & (k_pos[None, :] <= q_pos[:, None])  # [T, c*P]
+    scores = torch.einsum("tgd,kd->tgk", qh.float(), k) * scale
+    scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
+    return (torch.softmax(scores, -1) @ v).to(qh.dtype)
+
+
 def sparse_decode_reference(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -233,26 +251,21 @@ def sparse_decode_reference(
     B, T, Hq, D, P, Hkv, _ = _check(q, kv, units, pages, counts, kv_lens)
     G = Hq // Hkv
     out = torch.empty_like(q)
-    offs = torch.arange(P, device=q.device)
     for b in range(B):
         n = int(kv_lens[b])
-        q_pos = torch.arange(n - T, n, device=q.device)  # [T]
         for h in range(Hkv):
             c = int(counts[b, h])
-            sel = units[b, h, :c].long()
-            unit_kv = kv[sel].float()  # [c, 2, P, D]
-            k = unit_kv[:, 0].reshape(-1, D)
-            v = unit_kv[:, 1].reshape(-1, D)
-            k_pos = (pages[b, h, :c].long()[:, None] * P + offs[None, :]).reshape(-1)
-            # rows past the context may hold anything (a rejected draft, never-written pool
-            # memory): zero them, since 0 x NaN in p @ v would still be NaN
-            v = torch.where((k_pos < n)[:, None], v, 0.0)
-            seen = (k_pos[None, :] < n) & (k_pos[None, :] <= q_pos[:, None])  # [T, c*P]
-            if qmask is not None:
-                bits = qmask[b, h, :c].long()[None, :] >> torch.arange(T, device=q.device)[:, None]
-                seen &= (bits & 1).bool().repeat_interleave(P, dim=1)
-            qh = q[b, :, h * G : (h + 1) * G].float()  # [T, G, D]
-            scores = torch.einsum("tgd,kd->tgk", qh, k) * scale
-            scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
-            out[b, :, h * G : (h + 1) * G] = (torch.softmax(scores, -1) @ v).to(q.dtype)
+            heads = slice(h * G, (h + 1) * G)
+            if qmask is None:
+                out[b, :, heads] = _reference_one(q[b, :, heads], kv, units[b, h, :c],
+                                                  pages[b, h, :c], n, scale)  # fmt: skip
+                continue
+            # each query alone over exactly its own pages, as a one-token step at its
+            # position computes it (same list, same length, same arithmetic)
+            for t in range(T):
+                mine = ((qmask[b, h, :c].long() >> t) & 1).bool()
+                out[b, t : t + 1, heads] = _reference_one(
+                    q[b, t : t + 1, heads], kv, units[b, h, :c][mine], pages[b, h, :c][mine],
+                    n - T + 1 + t, scale,
+                )  # fmt: skip
     return out

@@ -48,7 +48,8 @@ class LogLine(Static):
 
 class ContextMeter(Static):
     """ "context T / W tokens · reused R · on GPU G · on host H", plus prefill progress
-    (G and H: tokens of KV in each tier, from engine.kv_stats; "—" before the first turn)."""
+    (G and H: tokens of KV in each tier, from engine.kv_stats; "—" before the first turn),
+    and, when the last turn speculated, the tokens each verification gave."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
@@ -59,6 +60,7 @@ class ContextMeter(Static):
         self.label: str = ""
         self.gpu: int | None = None  # tokens of KV on the GPU / on the host (engine.kv_stats)
         self.host: int | None = None
+        self.spec: dict | None = None  # the last turn's speculation usage, if any
 
     def on_mount(self) -> None:
         self.refresh_text()
@@ -70,6 +72,7 @@ class ContextMeter(Static):
         self.tokens = None if prompt is None else prompt + (completion or 0)
         self.reused = usage.get("cached_tokens")
         self.gpu, self.host = usage.get("gpu_tokens"), usage.get("host_tokens")
+        self.spec = usage.get("speculation")
         self.window = window if window is not None else self.window
         self.prefill = ""
         self.refresh_text()
@@ -93,6 +96,8 @@ class ContextMeter(Static):
             f"context {n(self.tokens)} / {n(self.window)} tokens · reused {n(self.reused)}"
             f" · on GPU {n(self.gpu)} · on host {n(self.host)}"
         )
+        if self.spec:
+            text += f" · {self.spec['mean_accepted']:.1f} tokens per verification"
         if self.prefill:
             text += f"  │  {self.prefill}"
         if self.label:

@@ -34,13 +34,16 @@ MODES = ("off", "auto", "lookup", "self", "draft:PATH")
 class SpecConfig:
     """`mode`: "off", "lookup", "self", "draft:PATH" (a model the engine can load), or
     "auto" (prompt lookup: free when nothing matches, since a step without a draft is a plain
-    decode step). `max_k`: the longest draft; `window`/`sinks`: the ring of self and draft."""
+    decode step). `max_k`: the longest draft; `start_k`: the first draft's length;
+    `adaptive`: choose each draft's length from the measured acceptance and step costs
+    (AdaptiveLength), else always `start_k`; `window`/`sinks`: the ring of self and draft."""
 
     mode: str = "auto"
     max_k: int = 8
     start_k: int = 4
     window: int = 256
     sinks: int = 4
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if not (self.mode in ("off", "auto", "lookup", "self") or self.mode.startswith("draft:")):
@@ -99,7 +102,7 @@ def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
 class SpecDecoder:
     def __init__(self, engine, cfg: SpecConfig, proposer: Proposer) -> None:
         self.engine, self.cfg, self.proposer = engine, cfg, proposer
-        self.lengths = AdaptiveLength(cfg.start_k, cfg.max_k)
+        self.lengths = AdaptiveLength(cfg.start_k, cfg.max_k, fixed=not cfg.adaptive)
         self.generators: dict[int, torch.Generator] = {}
         self.stats: dict[int, SpecStats] = {}
 
@@ -130,10 +133,13 @@ class SpecDecoder:
             k = min(self.lengths.get(seq.seq_id), room)
             if k <= 0:
                 drafts[seq.seq_id] = []
+                self.lengths.update(seq.seq_id, 0, 0)
                 continue
             t0 = time.perf_counter()
             d = self.proposer.propose(seq, k, self._generator(seq))
-            self._stats(seq).propose_s += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self._stats(seq).propose_s += spent
+            self.lengths.observe_proposer(len(d.tokens), spent)
             drafts[seq.seq_id] = d.tokens[:k]
             probs[seq.seq_id] = None if d.probs is None else d.probs[:k]
         width = max(len(d) for d in drafts.values())
@@ -159,7 +165,9 @@ class SpecDecoder:
             d = drafts[it.seq.seq_id]
             pad = [d[-1] if d else it.seq.token_ids[-1]] * (width - len(d))
             items.append(ScheduledSeq(it.seq, width + 1, True, draft=tuple(d + pad)))
+        t0 = time.perf_counter()
         logits = self.engine.runner.verify(SchedulerOutput(items, []))  # [B, k+1, V]
+        self.lengths.observe(width + 1, time.perf_counter() - t0)
         emitted = {}
         for i, it in enumerate(out.scheduled):
             seq = it.seq
@@ -180,6 +188,8 @@ class SpecDecoder:
                     q[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 1.0
                 toks = accept_sampling(target.cpu(), q, d, self._generator(seq))
             st = self._stats(seq)
+            if not d:
+                self.lengths.update(seq.seq_id, 0, 0)
             if d:
                 st.steps += 1
                 st.drafted += len(d)
@@ -188,6 +198,10 @@ class SpecDecoder:
                 self.proposer.accepted(seq, len(d), len(toks) - 1)
             emitted[seq.seq_id] = toks
         return emitted
+
+    def observe_plain_step(self, seconds: float) -> None:
+        """The engine ran a plain decode step (no draft): its time is the unit of cost."""
+        self.lengths.observe(1, seconds)
 
     def release(self, seq_id: int) -> SpecStats | None:
         self.proposer.release(seq_id)

@@ -172,21 +172,67 @@ class DraftModel(_RingDrafter):
 
 
 class AdaptiveLength:
-    """The draft length per sequence: grows by 2 after a fully accepted draft, shrinks to one
-    past the accepted prefix after a rejection (at least 1, at most max_k)."""
+    """The draft length per sequence, from what a draft is worth on this machine.
 
-    def __init__(self, start: int = 4, max_k: int = 8) -> None:
-        self.start, self.max_k = min(start, max_k), max_k
-        self.k: dict[int, int] = {}
+    Each sequence keeps an estimate of the chance `a` that a drafted token is accepted (an
+    average over its recent drafts); the decoder reports how long steps take: a plain decode
+    step, a verification of T positions, and the proposer's time per drafted token. A
+    draft of k tokens is expected to yield 1 + a + ... + a^k tokens for one verification of
+    k+1 positions plus k proposals; the length chosen is the k (0 to max_k) with the most
+    tokens per second. Acceptances raise `a` and so the length; rejections lower both, down
+    to 0 (no draft: a plain step) where drafting does not pay, with a one-token probe every
+    `probe` steps so that a sequence can come back. Costs never measured are taken as
+    linear, a verification of T positions 1 + 0.2 (T - 1) plain steps, until measured."""
+
+    def __init__(self, start: int = 4, max_k: int = 8, probe: int = 16, fixed: bool = False):
+        self.start, self.max_k, self.probe, self.fixed = min(start, max_k), max_k, probe, fixed
+        self.accept: dict[int, float] = {}
+        self.idle: dict[int, int] = {}  # steps since the sequence last drafted
+        self.step_s: dict[int, float] = {}  # T -> seconds per step (a moving average)
+        self.propose_s = 0.0  # seconds per drafted token
+
+    def observe(self, positions: int, seconds: float) -> None:
+        """A step of `positions` query tokens per sequence took `seconds`."""
+        old = self.step_s.get(positions)
+        self.step_s[positions] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def observe_proposer(self, tokens: int, seconds: float) -> None:
+        if tokens:
+            per = seconds / tokens
+            self.propose_s = per if not self.propose_s else 0.8 * self.propose_s + 0.2 * per
+
+    def _cost(self, T: int) -> float:
+        """Seconds of a verification of T positions, in plain-step units."""
+        base = self.step_s.get(1)
+        if base and T in self.step_s:
+            return self.step_s[T] / base
+        return 1.0 + 0.2 * (T - 1)
 
     def get(self, seq_id: int) -> int:
-        return self.k.get(seq_id, self.start)
+        a = self.accept.get(seq_id)
+        if a is None or self.fixed:
+            return self.start
+        base = self.step_s.get(1)
+        per_token = self.propose_s / base if base else 0.0
+        best_k, best = 0, 1.0  # k = 0: a plain step, one token per step
+        for k in range(1, self.max_k + 1):
+            tokens = sum(a**i for i in range(k + 1))
+            value = tokens / (self._cost(k + 1) + k * per_token)
+            if value > best * 1.02:  # a longer draft must be clearly worth it
+                best_k, best = k, value
+        if best_k == 0 and self.idle.get(seq_id, 0) >= self.probe:
+            return 1
+        return best_k
 
     def update(self, seq_id: int, drafted: int, accepted: int) -> None:
         if drafted == 0:
+            self.idle[seq_id] = self.idle.get(seq_id, 0) + 1
             return
-        k = self.get(seq_id)
-        self.k[seq_id] = min(self.max_k, k + 2) if accepted == drafted else max(1, accepted + 1)
+        self.idle[seq_id] = 0
+        rate = accepted / drafted
+        old = self.accept.get(seq_id)
+        self.accept[seq_id] = rate if old is None else 0.7 * old + 0.3 * rate
 
     def release(self, seq_id: int) -> None:
-        self.k.pop(seq_id, None)
+        self.accept.pop(seq_id, None)
+        self.idle.pop(seq_id, None)

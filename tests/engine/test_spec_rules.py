@@ -60,3 +60,37 @@ def test_prompt_lookup_continues_the_latest_match():
     # a match near the end runs on into its own proposal (a repeating pattern)
     assert lookup.propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
     assert PromptLookup(min_ngram=2).propose([1, 5, 1], 2) == []  # a 1-gram is too short
+
+
+def test_draft_length_follows_acceptance_and_costs():
+    from engine.spec.proposers import AdaptiveLength
+
+    policy = AdaptiveLength(start=4, max_k=8, probe=3)
+    assert policy.get(1) == 4  # nothing known yet
+    policy.observe(1, 0.010)  # a plain step: 10 ms
+    for T in range(2, 10):
+        policy.observe(T, 0.010 + 0.001 * (T - 1))  # cheap verification: +10% per position
+    for _ in range(5):
+        policy.update(1, 4, 4)  # everything accepted: draft long
+    assert policy.get(1) == 8
+    for _ in range(8):
+        policy.update(1, 4, 0)  # nothing accepted: stop drafting...
+    assert policy.get(1) == 0
+    for _ in range(3):
+        policy.update(1, 0, 0)  # ...but probe again after `probe` plain steps
+    assert policy.get(1) == 1
+    # expensive verification (each position costs a whole step): even good drafts do not pay
+    costly = AdaptiveLength(start=4, max_k=8)
+    for T in range(1, 10):
+        costly.observe(T, 0.010 * T)
+    costly.update(2, 4, 3)
+    assert costly.get(2) == 0
+    # a proposer as slow as a decode step (self-draft on a CPU): not worth it at 60%
+    slow = AdaptiveLength(start=4, max_k=8)
+    slow.observe(1, 0.010)
+    slow.observe_proposer(4, 0.040)
+    slow.update(3, 4, 2)
+    assert slow.get(3) == 0
+    fixed = AdaptiveLength(start=3, max_k=8, fixed=True)
+    fixed.update(4, 3, 0)
+    assert fixed.get(4) == 3
