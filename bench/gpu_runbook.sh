@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh 1    (then 2, 3, 4)
+#   bash bench/gpu_runbook.sh 1    (then 2, 3, 4; 5 is the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -27,4 +27,12 @@ case "${1:-1}" in
     timeout 240 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
         --prefetch off forecast oracle --json "$OUT/e2e_128k_select.json" > "$OUT/e2e_128k.log" 2>&1
     tail -8 "$OUT/e2e_128k.log" ;;
+5)  # next session first: correctness of this session's untested GPU paths (autotuned scoring,
+    # bisection top-k with per-sequence budgets, graphs), then the kernel table again for the
+    # "5x with selection at 128K" goal
+    python3 -m pytest -q tests/kernels > "$OUT/kernels.log" 2>&1; tail -3 "$OUT/kernels.log"
+    python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1; tail -9 "$OUT/check.log"
+    python3 -m bench.sparse_kernels --contexts 32768 131072 500000 \
+        --json "$OUT/sparse_kernels_gpu.json" > "$OUT/sparse_kernels.log" 2>&1
+    tail -20 "$OUT/sparse_kernels.log" ;;
 esac
