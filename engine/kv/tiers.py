@@ -117,6 +117,8 @@ _COUNTERS = ("steps", "selected", "max_selected", "fetched", "evicted", "localit
              "locality_total", "demand_fetched", "prefetched", "prefetch_hits", "prefetch_waste",
              "recall_hits", "recall_total", "dropped")  # fmt: skip
 _C = {name: i for i, name in enumerate(_COUNTERS)}
+_PREFETCH_COUNTS = ("fetched", "evicted", "prefetched")
+_DEMAND_COUNTS = ("fetched", "evicted", "demand_fetched", "locality_hits", "locality_total")
 
 
 @dataclass
@@ -212,6 +214,9 @@ class TieredKV:
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
+        # counter indices of _count's two uses, made now (not inside a CUDA-graph capture)
+        self._count_idx = {names: torch.tensor([_C[n] for n in names], device=device)
+                           for names in (_PREFETCH_COUNTS, _DEMAND_COUNTS)}  # fmt: skip
 
     # -- sizes for the meter ----------------------------------------------------------------
 
@@ -537,32 +542,32 @@ class TieredKV:
                      torch.where(owner, u, 0).to(torch.int32),
                      torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
         slot = slot_of[u].long()
-        acc = self._acc
-        acc[_C["fetched"]] += owner.sum()
-        acc[_C["evicted"]] += evicted.sum()
         pf = self.prefetched[layer]
         if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
-            acc[_C["prefetched"]] += owner.sum()
+            self._count(_PREFETCH_COUNTS, (owner, evicted, owner))
             pf.index_put_((dst,), owner)
             # not read yet: no recency (not the evicted page's), first to go if unused
             last_used.index_fill_(0, dst, -1)
             pf[self.scratch_slot].fill_(False)
             return slot.to(torch.int32)
-        acc[_C["demand_fetched"]] += owner.sum()
         if self.forecast is not None:
             used = valid & pf[slot]
-            acc[_C["prefetch_hits"]] += used.sum()
+            self._acc[_C["prefetch_hits"]] += used.sum()
             pf.index_fill_(0, slot, False)
-            acc[_C["prefetch_waste"]] += pf.sum()
+            self._acc[_C["prefetch_waste"]] += pf.sum()
             pf.zero_()
         # locality: valid units that this layer also read at the step before
         hit = valid & ~missing & (last_used[slot] == self.clock - 1)
-        acc[_C["locality_hits"]] += hit.sum()
-        acc[_C["locality_total"]] += valid.sum()
+        self._count(_DEMAND_COUNTS, (owner, evicted, owner, hit, valid))
         # (index_fill_ with a tensor value reads it on the host: not in a CUDA graph)
         last_used.index_put_((slot,), self.clock.expand(slot.shape))
         uses.index_add_(0, slot, torch.ones_like(slot))
         return slot.to(torch.int32)
+
+    def _count(self, names: tuple[str, ...], masks: tuple[torch.Tensor, ...]) -> None:
+        """Add each mask's true count to its counter: three kernels for them all (stack,
+        sum, index_add) instead of two per counter; a decode step runs this per layer."""
+        self._acc.index_add_(0, self._count_idx[names], torch.stack(masks).sum(1))
 
     def _synthetic_scores(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
         """Benchmarks with meaningless (dummy) weights: random scores, except that each page
