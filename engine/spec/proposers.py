@@ -181,8 +181,10 @@ class AdaptiveLength:
     k+1 positions plus k proposals; the length chosen is the k (0 to max_k) with the most
     tokens per second. Acceptances raise `a` and so the length; rejections lower both, down
     to 0 (no draft: a plain step) where drafting does not pay, with a one-token probe every
-    `probe` steps so that a sequence can come back. Costs never measured are taken as
-    linear, a verification of T positions 1 + 0.2 (T - 1) plain steps, until measured."""
+    `probe` steps so that a sequence can come back, unless even a fully accepted draft
+    would not pay (a verification eagerly run against CUDA-graph steps, say). A
+    verification of T positions is taken to cost 1 + b (T - 1) plain steps until that T is
+    measured, b fitted to the measured ones (0.2 before any)."""
 
     def __init__(self, start: int = 4, max_k: int = 8, probe: int = 16, fixed: bool = False):
         self.start, self.max_k, self.probe, self.fixed = min(start, max_k), max_k, probe, fixed
@@ -206,7 +208,8 @@ class AdaptiveLength:
         base = self.step_s.get(1)
         if base and T in self.step_s:
             return self.step_s[T] / base
-        return 1.0 + 0.2 * (T - 1)
+        slopes = [(t / base - 1) / (n - 1) for n, t in self.step_s.items() if n > 1 and base]
+        return 1.0 + (sum(slopes) / len(slopes) if slopes else 0.2) * (T - 1)
 
     def get(self, seq_id: int) -> int:
         a = self.accept.get(seq_id)
@@ -214,13 +217,14 @@ class AdaptiveLength:
             return self.start
         base = self.step_s.get(1)
         per_token = self.propose_s / base if base else 0.0
-        best_k, best = 0, 1.0  # k = 0: a plain step, one token per step
+        best_k, best, ceiling = 0, 1.0, 0.0  # k = 0: a plain step, one token per step
         for k in range(1, self.max_k + 1):
             tokens = sum(a**i for i in range(k + 1))
-            value = tokens / (self._cost(k + 1) + k * per_token)
-            if value > best * 1.02:  # a longer draft must be clearly worth it
-                best_k, best = k, value
-        if best_k == 0 and self.idle.get(seq_id, 0) >= self.probe:
+            spent = self._cost(k + 1) + k * per_token
+            ceiling = max(ceiling, (k + 1) / spent)  # every draft token accepted
+            if tokens / spent > best * 1.02:  # a longer draft must be clearly worth it
+                best_k, best = k, tokens / spent
+        if best_k == 0 and ceiling > 1.02 and self.idle.get(seq_id, 0) >= self.probe:
             return 1
         return best_k
 

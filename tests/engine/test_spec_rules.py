@@ -91,6 +91,15 @@ def test_draft_length_follows_acceptance_and_costs():
     slow.observe_proposer(4, 0.040)
     slow.update(3, 4, 2)
     assert slow.get(3) == 0
+    # verification run eagerly against graph-captured plain steps (a GPU): 5 positions cost
+    # 5 steps, so even a fully accepted draft cannot pay: no probes either
+    eager = AdaptiveLength(start=4, max_k=8, probe=2)
+    eager.observe(1, 0.020)
+    eager.observe(5, 0.100)
+    eager.update(5, 4, 1)
+    for _ in range(4):
+        eager.update(5, 0, 0)
+    assert eager.get(5) == 0
     fixed = AdaptiveLength(start=3, max_k=8, fixed=True)
     fixed.update(4, 3, 0)
     assert fixed.get(4) == 3
