@@ -132,6 +132,26 @@ def _decode_attention_cpu(
     return torch.bmm(p, v).view(q.shape)
 
 
+def _verify_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """The T queries of a verification, q [1, Hq, T, D] at the last T of k/v's [Hkv, L, D]
+    positions, each computed exactly as _decode_attention_cpu computes it alone (greedy
+    speculation must give the tokens plain decoding gives): the scores of all T queries in
+    one product (each score is one dot product: the same value whatever the other rows),
+    then per query the softmax over its own keys and its product with its own values (a
+    reduction over a longer, zero-padded row would sum in another order). 1.5x faster than
+    T separate steps at 7K tokens (K is read once)."""
+    hkv, L, d = k.shape
+    T = q.shape[2]
+    qg = q[0].view(hkv, -1, T, d).transpose(1, 2).reshape(hkv, -1, d)  # [Hkv, T*G, D]
+    s = torch.bmm(qg, k.transpose(1, 2)).mul_(scale).view(hkv, T, -1, L)
+    out = torch.empty_like(q)
+    for t in range(T):
+        n = L - T + 1 + t
+        p = torch.softmax(s[:, t, :, :n].contiguous(), dim=-1)
+        out[0, :, t] = torch.bmm(p, v[:, :n]).reshape(-1, d)
+    return out
+
+
 def _attention_per_sequence(
     q, k, v, kv, ctx: StepContext, scale: float, layer: int
 ) -> torch.Tensor:
@@ -162,12 +182,7 @@ def _attention_per_sequence(
         window = ctx.sliding_window if ctx.sliding_window and kv_len > ctx.sliding_window else None
         qs = q[start:end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
         if ctx.verify and window is None and not q.is_cuda:
-            # each query exactly as a decode step at its position computes it
-            o = torch.cat([
-                _decode_attention_cpu(qs[:, :, t : t + 1], ks[:, : kv_len - q_len + t + 1],
-                                      vs[:, : kv_len - q_len + t + 1], scale)
-                for t in range(q_len)
-            ], dim=2)  # fmt: skip
+            o = _verify_attention_cpu(qs, ks, vs, scale)
             if len(ctx.query_lens) == 1:
                 return o[0].transpose(0, 1)
             out[start:end] = o[0].transpose(0, 1)

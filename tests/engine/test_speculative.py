@@ -180,3 +180,19 @@ def test_rings_do_not_grow_with_the_context(checkpoint):
     assert len(req.seq) > 360 and len(sizes) == 1 and len(ptrs) == 1
     (size,) = sizes
     assert size < 2 * 2 * 2 * (4 + 32 + 5) * 32 * 4 + 8 * 41 + 1  # L x heads x cap x D x fp32
+
+
+def test_verification_attention_is_each_query_alone():
+    """The CPU verification path computes each query's attention bit for bit as the
+    single-token decode path does (so greedy speculation reproduces plain decoding)."""
+    from engine.attention import _decode_attention_cpu, _verify_attention_cpu
+
+    g = torch.Generator().manual_seed(1)
+    Hkv, G, D, L, T = 3, 3, 64, 3000, 5
+    q = torch.randn(1, Hkv * G, T, D, generator=g)
+    k, v = torch.randn(Hkv, L, D, generator=g), torch.randn(Hkv, L, D, generator=g)
+    out = _verify_attention_cpu(q, k, v, 0.125)
+    for t in range(T):
+        n = L - T + 1 + t
+        alone = _decode_attention_cpu(q[:, :, t : t + 1].contiguous(), k[:, :n], v[:, :n], 0.125)
+        assert torch.equal(out[:, :, t : t + 1], alone)

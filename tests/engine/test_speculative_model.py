@@ -61,3 +61,26 @@ def test_each_proposer_gives_the_greedy_tokens(reference, mode):
         assert max(s.mean_accepted for s in stats) > 2.0
     else:  # the same weights draft: most tokens are accepted
         assert sum(s.accepted for s in stats) / sum(s.drafted for s in stats) > 0.5
+
+
+def test_lookup_gives_the_greedy_tokens_in_the_default_4bit_mode():
+    """The product path: 4-bit weights, the CLI's repetition penalty, each prompt alone from
+    a cold cache (a warm cache prefills the prompt's tail in other chunks, which the 4-bit
+    mode's bf16 prefill can change), drafts every step."""
+    engine = Engine.load(None, device="cpu")
+    assert engine.weights_mode == "int4"
+    params = SamplingParams(max_tokens=32, repetition_penalty=1.1)
+    batch = prompts(engine)[2:]
+    expected = []
+    for p in batch:
+        engine.block_manager.reset_prefix_cache()
+        expected.append(engine.generate([p], params)[0].token_ids)
+    from engine.spec.decoder import SpecDecoder, make_proposer
+
+    for mode in ("lookup", "self"):
+        cfg = SpecConfig(mode, adaptive=False)
+        engine.spec = SpecDecoder(engine, cfg, make_proposer(cfg, engine))
+        for p, want in zip(batch, expected, strict=True):
+            engine.block_manager.reset_prefix_cache()
+            c = engine.generate([p], params)[0]
+            assert c.token_ids == want and c.stats.speculation.steps > 0
