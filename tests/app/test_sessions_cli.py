@@ -158,10 +158,14 @@ def test_ask_then_continue_in_one_session(home, repo):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_partial_answer(home, repo):
+    # the child must see SIGINT at its default: a suite started in the background of a
+    # non-interactive shell (`make test &`) inherits SIGINT ignored, and Python then leaves
+    # it ignored
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentctx", "ask", "Write a long story about greetings.", "--repo", str(repo),
          "--max-tokens", "400"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     # wait for the answer to start streaming, then interrupt
     first = proc.stdout.read(20)
