@@ -15,7 +15,7 @@ from engine.attention import paged_attention
 from engine.config import ModelConfig
 from engine.step_context import StepContext
 from kernels.rmsnorm import rmsnorm
-from kernels.rope_kv import rope_kv
+from kernels.rope_kv import apply_rope, rope_kv
 from kernels.silu_mul import silu_mul
 
 
@@ -64,6 +64,18 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
+
+    def rotated_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [T, Hq, D], k and v [T, Hkv, D] of x [T, hidden], q and k rotated, written
+        nowhere (for passes outside the paged cache: draft rings, Forecast training)."""
+        T = x.shape[0]
+        q, k, v = self.qkv_proj.forward(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]

@@ -23,13 +23,7 @@ from __future__ import annotations
 import torch
 
 from engine.step_context import StepContext
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE (rotate-half layout) of x [T, H, D] with cos/sin [T, D]."""
-    half = x.shape[-1] // 2
-    rolled = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rolled * sin[:, None]
+from kernels.rope_kv import apply_rope
 
 
 class TrainingFreeForecast:
@@ -57,13 +51,13 @@ class TrainingFreeForecast:
         q = q.reshape(q.shape[0], attn.num_heads, attn.head_dim)
         if attn.qk_norm:
             q = attn.q_norm(q)
-        return rotate(q, cos, sin)
+        return apply_rope(q, cos, sin)
 
 
 def low_rank_correction(n: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor,
                         sin: torch.Tensor, shape) -> torch.Tensor:  # fmt: skip
     """The trained part of a Forecast query: RoPE(B A n), fp32, viewed as `shape`."""
-    return rotate(((n.float() @ a.T) @ b.T).view(shape), cos.float(), sin.float())
+    return apply_rope(((n.float() @ a.T) @ b.T).view(shape), cos.float(), sin.float())
 
 
 class TrainedForecast(TrainingFreeForecast):

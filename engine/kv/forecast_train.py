@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.kv.forecast import TrainingFreeForecast, low_rank_correction, rotate, save_weights
+from engine.kv.forecast import TrainingFreeForecast, low_rank_correction, save_weights
 
 P = 16  # page size (the engine's)
 SINKS, WINDOW = 1, 2
@@ -101,13 +101,7 @@ def trace(model, rope, ids: list[int], positions: list[int]) -> dict:
         else:
             h, residual = layer.input_layernorm.forward(x, residual)
         attn = layer.self_attn
-        q, k, v = attn.qkv_proj.forward(h).split([attn.q_size, attn.kv_size, attn.kv_size], -1)
-        q = q.view(T, attn.num_heads, attn.head_dim)
-        k = k.view(T, attn.num_kv_heads, attn.head_dim)
-        v = v.view(T, attn.num_kv_heads, attn.head_dim)
-        if attn.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k, v = attn.rotated_qkv(h, cos, sin)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
             is_causal=True, scale=attn.scale, enable_gqa=True,

@@ -214,6 +214,7 @@ class TieredKV:
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
+        self._seq_budgets: tuple | None = None  # (lengths tensor, step budget, budgets)
         # counter indices of _count's two uses, made now (not inside a CUDA-graph capture)
         self._count_idx = {names: torch.tensor([_C[n] for n in names], device=device)
                            for names in (_PREFETCH_COUNTS, _DEMAND_COUNTS)}  # fmt: skip
@@ -390,8 +391,14 @@ class TieredKV:
         else:
             scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
         # each sequence's own budget (the step's is the longest one's): its pages do not
-        # depend on what else is in the batch
-        budgets = self._budget_pages((kv_lens.long() + P - 1) // P).clamp(max=budget)
+        # depend on what else is in the batch; computed once per step (every layer and the
+        # prefetch get the same lengths tensor)
+        cached = self._seq_budgets
+        if cached is not None and cached[0] is kv_lens and cached[1] == budget:
+            budgets = cached[2]
+        else:
+            budgets = self._budget_pages((kv_lens.long() + P - 1) // P).clamp(max=budget)
+            self._seq_budgets = (kv_lens, budget, budgets)
         return select_pages(
             scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
             generator=self._gen if sp.tail_pages else None,

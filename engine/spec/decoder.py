@@ -188,9 +188,7 @@ class SpecDecoder:
                     q[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 1.0
                 toks = accept_sampling(target.cpu(), q, d, self._generator(seq))
             st = self._stats(seq)
-            if not d:
-                self.lengths.update(seq.seq_id, 0, 0)
-            if d:
+            if d:  # (a sequence without a draft was counted idle in plan)
                 st.steps += 1
                 st.drafted += len(d)
                 st.accepted += len(toks) - 1

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.rope_kv import apply_rope
-
 
 class RingKV:
     def __init__(
@@ -119,13 +117,7 @@ def ring_forward(model, rope, ring: RingKV, ids: list[int], positions: list[int]
         else:
             h, residual = layer.input_layernorm.forward(x, residual)
         a = layer.self_attn
-        q, k, v = a.qkv_proj.forward(h).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
-        q = q.view(T, a.num_heads, a.head_dim)
-        k = k.view(T, a.num_kv_heads, a.head_dim)
-        v = v.view(T, a.num_kv_heads, a.head_dim)
-        if a.qk_norm:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = a.rotated_qkv(h, cos, sin)
         keys = torch.cat([ring.k[layer_idx], k.transpose(0, 1).to(ring.k.dtype)], 1)
         vals = torch.cat([ring.v[layer_idx], v.transpose(0, 1).to(ring.v.dtype)], 1)
         o = F.scaled_dot_product_attention(
