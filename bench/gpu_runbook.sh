@@ -35,4 +35,10 @@ case "${1:-1}" in
     python3 -m bench.sparse_kernels --contexts 32768 131072 500000 \
         --json "$OUT/sparse_kernels_gpu.json" > "$OUT/sparse_kernels.log" 2>&1
     tail -20 "$OUT/sparse_kernels.log" ;;
+6)  # 500K batch 1 against transformers' offloaded cache in the same process (3 of its tokens:
+    # each moves the whole ~61 GiB of KV); bigger prefill chunks (fewer host-tier gathers)
+    timeout 590 python3 -m bench.e2e_sparse --context 500000 --batch 1 --hf --hf-new-tokens 3 \
+        --gpu-kv-budget 1536MiB --chunk 16384 --variants realistic worst \
+        --json "$OUT/e2e_500k_peers.json" > "$OUT/e2e_500k_peers.log" 2>&1
+    tail -8 "$OUT/e2e_500k_peers.log" ;;
 esac
