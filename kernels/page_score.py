@@ -41,10 +41,11 @@ if HAS_TRITON:
         Q, SUMM, BT, LENS, OUT,
         s_qb, s_qt, s_qh,
         s_sn, s_sr,
-        s_btb, s_ob, s_oh,
+        s_btb, s_ob, s_ot, s_oh,
         HKV: tl.constexpr, G: tl.constexpr, T: tl.constexpr, R: tl.constexpr,
         D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr,
         IEEE: tl.constexpr, ROW_MIN: tl.constexpr, ROW_MAX: tl.constexpr, ROW_SUM: tl.constexpr,
+        PER_QUERY: tl.constexpr,
     ):  # fmt: skip
         bh = tl.program_id(0)
         blk = tl.program_id(1)
@@ -79,6 +80,12 @@ if HAS_TRITON:
                 )  # [R, BLOCK]
             else:  # TF32: scores only rank pages
                 s = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
+        elif PER_QUERY:  # each query's own length counts its last page's keys
+            ksum = tl.load(base + ROW_SUM * s_sr, mask=p_mask[:, None], other=0.0).to(tl.float32)
+            if IEEE:
+                s = tl.dot(q, tl.trans(ksum), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(ksum))
         else:
             ksum = tl.load(base + ROW_SUM * s_sr, mask=p_mask[:, None], other=0.0).to(tl.float32)
             n = tl.minimum(length - p * P, P).to(tl.float32)
@@ -87,12 +94,23 @@ if HAS_TRITON:
                 s = tl.dot(q, tl.trans(kmean), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(kmean))
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        for t in tl.static_range(T):
-            pooled = tl.sum(tl.where((t_of == t)[:, None] & r_mask[:, None], s, 0.0), 0)
-            best = tl.maximum(best, pooled)
-        best = tl.where(p_mask, best, float("-inf"))
-        tl.store(OUT + b * s_ob + h * s_oh + p, best)
+        if PER_QUERY:
+            # a verification: query t sits at position length - T + t and sees that many
+            # keys; its row of scores is its own (one read of the summaries for all T)
+            for t in tl.static_range(T):
+                pooled = tl.sum(tl.where((t_of == t)[:, None] & r_mask[:, None], s, 0.0), 0)
+                len_t = length - T + 1 + t
+                if MODE == 1:
+                    pooled = pooled / tl.maximum(tl.minimum(len_t - p * P, P).to(tl.float32), 1.0)
+                pooled = tl.where(p < tl.cdiv(len_t, P), pooled, float("-inf"))
+                tl.store(OUT + b * s_ob + t * s_ot + h * s_oh + p, pooled)
+        else:
+            best = tl.full([BLOCK], float("-inf"), tl.float32)
+            for t in tl.static_range(T):
+                pooled = tl.sum(tl.where((t_of == t)[:, None] & r_mask[:, None], s, 0.0), 0)
+                best = tl.maximum(best, pooled)
+            best = tl.where(p_mask, best, float("-inf"))
+            tl.store(OUT + b * s_ob + h * s_oh + p, best)
 
 
 if HAS_TRITON:
@@ -106,7 +124,7 @@ if HAS_TRITON:
             for w in (2, 4, 8)
             for st in (1, 3)
         ],
-        key=["s_btb", "T", "G", "MODE", "HKV"],
+        key=["s_btb", "T", "G", "MODE", "HKV", "PER_QUERY"],
     )(_page_score_kernel)
     _TUNED_KEYS: set = set()  # keys already tuned (never tune inside a CUDA-graph capture)
 
@@ -229,12 +247,16 @@ def page_scores(
     mode: str = "quest",
     block: int = 32,
     use_triton: bool | None = None,
+    per_query: bool = False,
 ) -> torch.Tensor:
     """q [B, T, Hq, D]; summ [pages * Hkv, R, D] (a `summary_rows` layout that holds
     `mode`'s rows); block_tables [B, M] int32 (the
-    sequences' page ids); kv_lens [B] int32. Returns scores [B, Hkv, M] fp32, -inf past
-    each sequence's pages. `block`: pages per program (32 was fastest on the H200 at 128K,
-    batch 8: 0.14 ms against 0.38 ms with 16 and 0.18 ms with 64)."""
+    sequences' page ids); kv_lens [B] int32. Returns scores [B, Hkv, M] fp32 (the max over
+    the T queries), -inf past each sequence's pages. `per_query`: scores [B, T, Hkv, M],
+    query t's own (it sits at position kv_len - T + t: -inf past its pages), for a
+    verification's per-query selections; the summaries are read once for all T. `block`:
+    pages per program where not autotuned (32 was fastest on the H200 at 128K, batch 8:
+    0.14 ms against 0.38 ms with 16 and 0.18 ms with 64)."""
     B, T, Hq, D = q.shape
     N, R, Ds = summ.shape
     M = block_tables.shape[1]
@@ -245,36 +267,50 @@ def page_scores(
         raise ValueError(f"unknown summary mode {mode!r}; use one of {', '.join(MODES)}")
     rows = _rows(summ, mode)
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
-        return page_scores_reference(q, summ, block_tables, kv_lens, page_size, kv_heads, mode)
+        ref = page_scores_reference
+        if not per_query:
+            return ref(q, summ, block_tables, kv_lens, page_size, kv_heads, mode)
+        return torch.stack([ref(q[:, t : t + 1], summ, block_tables, kv_lens - (T - 1 - t),
+                                page_size, kv_heads, mode) for t in range(T)], 1)  # fmt: skip
     G = Hq // kv_heads
     assert block >= 16, "tl.dot needs blocks of at least 16 pages"
     args = dict(HKV=kv_heads, G=G, T=T, R=max(16, triton.next_power_of_2(G * T)), D=D,
                 P=page_size, MODE=MODES[mode], IEEE=not q.is_cuda, ROW_MIN=rows["min"],
-                ROW_MAX=rows["max"], ROW_SUM=rows["sum"])  # fmt: skip
-    key = (block_tables.stride(0), T, G, MODES[mode], kv_heads, summ.dtype)
+                ROW_MAX=rows["max"], ROW_SUM=rows["sum"], PER_QUERY=per_query)  # fmt: skip
+    key = (block_tables.stride(0), T, G, MODES[mode], kv_heads, summ.dtype, per_query)
+
+    def new_out(width: int) -> torch.Tensor:
+        shape = (B, T, kv_heads, width) if per_query else (B, 1, kv_heads, width)
+        return torch.empty(shape, device=q.device, dtype=torch.float32)
+
+    def strides(out: torch.Tensor) -> tuple[int, int, int]:
+        return out.stride(0), out.stride(1), out.stride(2)
+
+    def result(out: torch.Tensor) -> torch.Tensor:
+        return out[..., :M] if per_query else out[:, 0, :, :M]
+
     tune = q.is_cuda and (key in _TUNED_KEYS or not torch.cuda.is_current_stream_capturing())
     if tune:  # room for the largest tuned block
-        out = torch.empty(B, kv_heads, triton.cdiv(M, 128) * 128, device=q.device,
-                          dtype=torch.float32)  # fmt: skip
+        out = new_out(triton.cdiv(M, 128) * 128)
         try:
             _page_score_tuned[lambda meta: (B * kv_heads, triton.cdiv(M, meta["BLOCK"]))](
                 q, summ, block_tables, kv_lens, out,
                 q.stride(0), q.stride(1), q.stride(2), summ.stride(0), summ.stride(1),
-                block_tables.stride(0), out.stride(0), out.stride(1), **args,
+                block_tables.stride(0), *strides(out), **args,
             )  # fmt: skip
             _TUNED_KEYS.add(key)
-            return out[:, :, :M]
+            return result(out)
         except Exception:  # noqa: BLE001 (fall back to the fixed configuration below)
             pass
     n_blocks = triton.cdiv(M, block)
-    out = torch.empty(B, kv_heads, n_blocks * block, device=q.device, dtype=torch.float32)
+    out = new_out(n_blocks * block)
     _page_score_kernel[(B * kv_heads, n_blocks)](
         q, summ, block_tables, kv_lens, out,
         q.stride(0), q.stride(1), q.stride(2),
         summ.stride(0), summ.stride(1),
-        block_tables.stride(0), out.stride(0), out.stride(1), BLOCK=block, **args,
+        block_tables.stride(0), *strides(out), BLOCK=block, **args,
     )  # fmt: skip
-    return out[:, :, :M]
+    return result(out)
 
 
 def summary_rows(mode: str | None) -> dict[str, int]:

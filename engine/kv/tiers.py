@@ -405,43 +405,55 @@ class TieredKV:
             width=None if sp.tail_pages else budget, budgets=budgets,
         )  # fmt: skip
 
-    def _select_per_query(self, q, layer, block_tables, kv_lens):
+    def _select_per_query(self, q, layer, block_tables, kv_lens, width: int | None = None):
         """A verification's selection: each of the T queries of a sequence selects as a
         single-token step at its own position would (its own length, window and budget),
         and the union is listed once with a bit per query (pages [B, Hkv, W] ascending,
-        counts [B, Hkv], qmask [B, Hkv, W] int32)."""
+        counts [B, Hkv], qmask [B, Hkv, W] int32). The T queries' scores come from one read
+        of the summaries. `width`: W fixed (a CUDA graph's); None: the largest union (a
+        device read)."""
         B, T, Hq, D = q.shape
         sp, P, Hkv = self.sparse, self.P, self.Hkv
         M = block_tables.shape[1]
-        lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=q.device)).reshape(-1)
-        tables = block_tables.repeat_interleave(T, 0)
+        dev = q.device
+        lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=dev)).reshape(-1)
         if sp.synthetic is not None:
             # benchmarks: query 0 draws as a decode step would; each later query keeps 85% of
             # its pages (the step-to-step locality measured on the real model)
             scores = self._synthetic_scores(layer, block_tables).repeat_interleave(T, 0)
-            later = (torch.arange(B * T, device=q.device) % T != 0)[:, None, None]
-            drop = torch.rand(scores.shape, device=q.device) < 0.15
+            later = (torch.arange(B * T, device=dev) % T != 0)[:, None, None]
+            drop = torch.rand(scores.shape, device=dev) < 0.15
             scores = scores - 4.0 * (drop & later).float()
         else:
-            scores = page_scores(q.reshape(B * T, 1, Hq, D), self.summ[layer], tables,
-                                 lens.to(torch.int32), P, Hkv, sp.summary)  # fmt: skip
+            scores = page_scores(q, self.summ[layer], block_tables, kv_lens.to(torch.int32), P,
+                                 Hkv, sp.summary, per_query=True).reshape(B * T, Hkv, M)  # fmt: skip
         n_pages = (lens + P - 1) // P
         budgets = self._budget_pages(n_pages).clamp(max=M)
         top = min(int(budgets.max()), M) if self.step_budget is None else min(self.step_budget, M)
         pages, counts = select_pages(scores, lens.to(torch.int32), P, top, sp.sink_pages,
                                      sp.window_pages, width=top, budgets=budgets)  # fmt: skip
-        # membership of each page in each query's selection -> one bit per query
-        valid = torch.arange(top, device=q.device)[None, None, :] < counts[..., None]
-        member = torch.zeros(B * T, Hkv, M + 1, dtype=torch.long, device=q.device)
-        member.scatter_(-1, torch.where(valid, pages.long(), M), 1)
-        weights = (1 << torch.arange(T, device=q.device)).repeat(B)[:, None, None]
-        bits = (member[..., :M] * weights).view(B, T, Hkv, M).sum(1)  # [B, Hkv, M]
-        n_union = (bits != 0).sum(-1).to(torch.int32)
-        width = max(1, int(n_union.max()))  # (a device read: verification runs eagerly)
-        order = torch.sort((bits == 0).to(torch.int8), dim=-1, stable=True).indices[..., :width]
-        listed = torch.arange(width, device=q.device)[None, None, :] < n_union[..., None]
-        qmask = torch.where(listed, torch.gather(bits, -1, order), 0).to(torch.int32)
-        return torch.where(listed, order, 0).to(torch.int32), n_union, qmask
+        # the union as a bitmap: query t adds 1 << t at each of its (distinct) pages
+        valid = torch.arange(top, device=dev)[None, None, :] < counts[..., None]
+        at = torch.where(valid, pages.long(), M).view(B, T, Hkv, top).transpose(1, 2)
+        bit = (1 << torch.arange(T, device=dev, dtype=torch.int32))[None, None, :, None]
+        bit = torch.where(valid.view(B, T, Hkv, top).transpose(1, 2), bit, 0)
+        bits = torch.zeros(B, Hkv, M + 1, dtype=torch.int32, device=dev)
+        bits.scatter_add_(-1, at.reshape(B, Hkv, -1), bit.reshape(B, Hkv, -1))
+        bits = bits[..., :M]
+        listed = bits != 0
+        n_union = listed.sum(-1, dtype=torch.int32)
+        if width is None:
+            width = max(1, int(n_union.max()))  # (a device read: eager verification)
+        # compaction in page order: listed page i goes to column (listed pages before i)
+        col = torch.where(listed, torch.cumsum(listed, -1, dtype=torch.int32) - 1, width)
+        col = col.clamp(max=width).long()
+        out_pages = torch.zeros(B, Hkv, width + 1, dtype=torch.int32, device=dev)
+        out_pages.scatter_(-1, col, torch.arange(M, device=dev, dtype=torch.int32).expand(B, Hkv, M))
+        qmask = torch.zeros(B, Hkv, width + 1, dtype=torch.int32, device=dev)
+        qmask.scatter_(-1, col, bits)
+        # (columns past a row's union read 0s: column `width` took every unlisted page)
+        pages_u, qmask = out_pages[..., :width].contiguous(), qmask[..., :width].contiguous()
+        return pages_u, n_union.clamp(max=width), qmask
 
     def _budget_pages(self, n_pages: torch.Tensor) -> torch.Tensor:
         """SparseConfig.budget_pages for a tensor of page counts."""

@@ -44,7 +44,10 @@ SPARSE = dict(budget_fraction=0.3)
 def test_greedy_speculation_is_token_identical(checkpoint, mode, sparse):
     sp = SparseConfig(**SPARSE) if sparse else None
     expected = [c.token_ids for c in load_engine(checkpoint, sparse=sp).generate(prompts(), PARAMS)]
-    spec = SpecConfig(mode=f"draft:{checkpoint}" if mode == "draft" else mode, window=24)
+    # a fixed draft length: the adaptive policy follows measured step times, so how many
+    # drafts it makes (not which tokens come out) varies with the machine's load
+    spec = SpecConfig(mode=f"draft:{checkpoint}" if mode == "draft" else mode, window=24,
+                      adaptive=False)  # fmt: skip
     engine = load_engine(checkpoint, sparse=SparseConfig(**SPARSE) if sparse else None,
                          speculate=spec)  # fmt: skip
     got = engine.generate(prompts(), PARAMS)  # batched: each sequence accepts its own count

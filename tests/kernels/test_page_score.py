@@ -165,3 +165,29 @@ def test_kernel_reads_the_reduced_summary_layouts(layout):
     empty = empty_summaries(4, 64, mode=mode, dtype=torch.bfloat16)
     assert empty.shape[1] == (2 if mode == "quest" else 1)
     assert empty.dtype == (torch.bfloat16 if mode == "quest" else torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize("mode", ["quest", "mean"])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_per_query_scores_are_each_querys_own(mode, group, head_dim):
+    """A verification's T queries scored in one pass of the summaries: row t equals query t
+    scored alone at its own length (kv_len - T + 1 + t; lengths 17 and 33 put queries on
+    both sides of a page boundary), kernel and reference."""
+    T = 4
+    q, summ, tables, lens, _ = build(group, head_dim, T, seed=7 + group, lens=(17, 33, 130))
+    args = [t.to(DEVICE) for t in (q, summ, tables, lens)]
+    out = page_scores(*args, 16, 2, mode=mode, block=16, use_triton=True, per_query=True)
+    ref = page_scores(*args, 16, 2, mode=mode, use_triton=False, per_query=True)
+    assert out.shape == ref.shape == (3, T, 2, tables.shape[1])
+    tol = 1e-2 if DEVICE == "cuda" else 1e-3
+    for t in range(T):
+        alone = page_scores_reference(args[0][:, t : t + 1], args[1], args[2],
+                                      args[3] - (T - 1 - t), 16, 2, mode)  # fmt: skip
+        assert torch.equal(ref[:, t], alone)
+        finite = torch.isfinite(alone)
+        assert torch.equal(finite, torch.isfinite(out[:, t]))
+        assert torch.allclose(out[:, t][finite].cpu(), alone[finite].cpu(), rtol=tol, atol=tol)
+    # a page the first query cannot see yet (length 17 - 3 = 14: one page) is -inf for it
+    assert not torch.isfinite(out[0, 0, :, 1]).any() and torch.isfinite(out[0, 3, :, 1]).all()
