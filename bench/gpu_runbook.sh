@@ -35,10 +35,23 @@ case "${1:-1}" in
     python3 -m bench.sparse_kernels --contexts 32768 131072 500000 \
         --json "$OUT/sparse_kernels_gpu.json" > "$OUT/sparse_kernels.log" 2>&1
     tail -20 "$OUT/sparse_kernels.log" ;;
-6)  # 500K batch 1 against transformers' offloaded cache in the same process (3 of its tokens:
-    # each moves the whole ~61 GiB of KV); bigger prefill chunks (fewer host-tier gathers)
+6)  # 500K batch 1 against transformers' offloaded cache in the same run (3 of its tokens:
+    # each moves the whole ~61 GiB of KV; it runs in a child process so that its host
+    # memory is back before our pool is taken); bigger prefill chunks (fewer host gathers)
     timeout 590 python3 -m bench.e2e_sparse --context 500000 --batch 1 --hf --hf-new-tokens 3 \
         --gpu-kv-budget 1536MiB --chunk 16384 --variants realistic worst \
-        --json "$OUT/e2e_500k_peers.json" > "$OUT/e2e_500k_peers.log" 2>&1
+        --json "$OUT/e2e_500k_peers.json" > "$OUT/e2e_500k_peers.log" 2>&1 || echo "FAILED: $?"
     tail -8 "$OUT/e2e_500k_peers.log" ;;
+7)  # 4 x 128K against transformers' offloaded cache; verification cost with the one-pass
+    # per-query scoring (issue 7); the scoring kernel's tests on the H200
+    python3 -m pytest -q tests/kernels/test_page_score.py 2>&1 | tail -2
+    timeout 300 python3 -m bench.e2e_sparse --context 130000 --batch 4 --gpu-kv-budget 2GiB \
+        --variants realistic worst --hf --hf-new-tokens 3 --json "$OUT/e2e_128k_b4_peers.json" \
+        > "$OUT/e2e_b4_peers.log" 2>&1 || echo "FAILED: $?"
+    tail -6 "$OUT/e2e_b4_peers.log"
+    for b in 1 8; do
+        timeout 110 python3 -m bench.spec_verify --context 131072 --batches $b --ks 0 1 4 \
+            --json "$OUT/spec_verify_b$b.json" > "$OUT/spec_verify_b$b.log" 2>&1 || echo "FAILED: $?"
+        tail -8 "$OUT/spec_verify_b$b.log"
+    done ;;
 esac
