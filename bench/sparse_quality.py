@@ -127,9 +127,9 @@ class Runner:
             return
         page = self.seq.block_table[n_prompt // P]
         units = torch.arange(t.Hkv) + page * t.Hkv
+        t.drop_pages([page])  # its stale slots, every layer
         for layer in range(t.L):
             reset_summaries(t.summ[layer], units)
-            t.drop(layer, units)
             k = t.host[layer, page, :, 0, :rows].float()  # [Hkv, rows, D]
             s = t.summ[layer]
             s[units, 0], s[units, 1], s[units, 2] = k.amin(1), k.amax(1), k.sum(1)

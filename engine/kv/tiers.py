@@ -252,27 +252,28 @@ class TieredKV:
         pages_d, offs = pages.to(self.device).long(), offsets.to(self.device).long()
         units = (pages_d[:, None] * Hkv + heads).reshape(-1)  # [T * Hkv]
         if not self.defer_summaries:
-            self._fold(layer, k, units, offs)
+            fresh = (offs == 0)[:, None].expand(-1, Hkv).reshape(-1)
+            self._fold(self.summ[layer], k.reshape(-1, D), units, fresh, self.scratch_unit)
         slot = self.slot_of[layer, units].long()
         dst = torch.where(slot >= 0, slot, self.scratch_slot)
         off = offs[:, None].expand(-1, Hkv).reshape(-1)
         self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
         self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
 
-    def _fold(self, layer: int, k: torch.Tensor, units: torch.Tensor, offs: torch.Tensor) -> None:
-        """Fold keys k [T, Hkv, D] (rows at `offs` of their pages; units [T * Hkv]) into the
-        summaries; a row at offset 0 starts its page's summary again."""
-        Hkv, D = self.Hkv, self.D
-        fresh = (offs == 0)[:, None].expand(-1, Hkv).reshape(-1)
-        s, rows = self.summ[layer], self.rows
-        first = torch.where(fresh, units, self.scratch_unit)
-        kf = k.reshape(-1, D).to(self.device, s.dtype)
+    def _fold(self, s: torch.Tensor, k: torch.Tensor, units: torch.Tensor, fresh: torch.Tensor,
+              scratch: int | torch.Tensor) -> None:  # fmt: skip
+        """Fold keys k [N, D] into the summaries s [units, R, D] at `units` [N]; a `fresh`
+        row (the first of its page) starts its unit's summary again (`scratch`: the unit
+        that takes the resets of the other rows)."""
+        rows = self.rows
+        first = torch.where(fresh, units, scratch)
+        kf = k.to(self.device, s.dtype)
         if rows["min"] >= 0:
             # index_fill_, not item assignment: a Python scalar there is a host-to-device
             # copy, which a CUDA graph cannot hold
             s[:, rows["min"]].index_fill_(0, first, float("inf"))
             s[:, rows["max"]].index_fill_(0, first, float("-inf"))
-            idx = units[:, None].expand(-1, D)
+            idx = units[:, None].expand(-1, kf.shape[-1])
             s[:, rows["min"]].scatter_reduce_(0, idx, kf, "amin")
             s[:, rows["max"]].scatter_reduce_(0, idx, kf, "amax")
         if rows["sum"] >= 0:
@@ -281,34 +282,35 @@ class TieredKV:
 
     def fold_rows(self, pages: list[int], offsets: list[int]) -> None:
         """Fold rows already in the host tier (a verification's accepted positions, in
-        order) into every layer's summaries."""
+        order) into every layer's summaries, all layers in one pass."""
         if not pages:
             return
+        L, Hkv, D, dev = self.L, self.Hkv, self.D, self.device
         pg, off = torch.tensor(pages), torch.tensor(offsets)
-        units = pg.to(self.device)[:, None] * self.Hkv + torch.arange(self.Hkv, device=self.device)
-        for layer in range(self.L):
-            k = self.host[layer][pg, :, 0, off]  # [T, Hkv, D]
-            self._fold(layer, k.to(self.device), units.reshape(-1), off.to(self.device))
+        k = self.host[:, pg, :, 0, off].transpose(0, 1)  # [L, T, Hkv, D]
+        per_layer = self.summ.shape[1]  # units + the scratch unit
+        base = torch.arange(L, device=dev)[:, None] * per_layer
+        units = (pg.to(dev)[:, None] * Hkv + torch.arange(Hkv, device=dev)).reshape(1, -1)
+        fresh = (off.to(dev) == 0)[:, None].expand(-1, Hkv).reshape(1, -1).expand(L, -1)
+        summ = self.summ.view(L * per_layer, *self.summ.shape[2:])
+        self._fold(summ, k.reshape(-1, D), (base + units).reshape(-1), fresh.reshape(-1),
+                   (base + self.scratch_unit).expand(L, units.shape[1]).reshape(-1))  # fmt: skip
 
     def drop_pages(self, pages: list[int]) -> None:
-        """Pages that left their sequence (rolled back): free their slots in every layer."""
+        """Pages that left their sequence (rolled back): free their slots in every layer,
+        all layers in one pass."""
         if not pages:
             return
         pg = torch.tensor(pages, device=self.device)
         units = (pg[:, None] * self.Hkv + torch.arange(self.Hkv, device=self.device)).reshape(-1)
-        for layer in range(self.L):
-            self._acc[_C["dropped"]] += (self.slot_of[layer, units] >= 0).sum()
-            self.drop(layer, units)
-
-    def drop(self, layer: int, units: torch.Tensor) -> None:
-        """Forget the GPU copies of `units` (their slots become free)."""
-        slot = self.slot_of[layer, units].long()
+        slot = self.slot_of[:, units].long()  # [L, n]
+        self._acc[_C["dropped"]] += (slot >= 0).sum()
         s = torch.where(slot >= 0, slot, self.scratch_slot)
-        self.unit_in[layer].index_fill_(0, s, -1)
-        self.last_used[layer].index_fill_(0, s, -1)
-        self.uses[layer].index_fill_(0, s, 0)
-        self.slot_of[layer].index_fill_(0, units, -1)
-        self.unit_in[layer, self.scratch_slot].fill_(self.scratch_unit)
+        self.unit_in.scatter_(1, s, -1)
+        self.last_used.scatter_(1, s, -1)
+        self.uses.scatter_(1, s, 0)
+        self.slot_of.index_fill_(1, units, -1)
+        self.unit_in[:, self.scratch_slot].fill_(self.scratch_unit)
 
     # -- sparse decode ----------------------------------------------------------------------
 

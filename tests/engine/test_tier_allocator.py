@@ -62,3 +62,43 @@ def test_a_full_tier_evicts_the_oldest_pages_first():
     resident = set(t.unit_in[0, : t.num_slots].tolist())
     assert {0, 1, 10} <= resident and 2 not in resident  # 2 was the oldest not read now
     check_consistent(t, host)
+
+
+def test_deferred_rows_fold_and_dropped_pages_leave_every_layer():
+    """A verification's rows fold into the summaries later (fold_rows, all layers at once):
+    the summaries then equal those of the same rows appended one by one; drop_pages frees
+    the pages' slots in every layer and counts them."""
+    P, Hkv, D = 16, 3, 8
+    rows = [(2, o) for o in range(14, 16)] + [(5, o) for o in range(0, 3)]  # across a page end
+    summaries = []
+    for deferred in (False, True):
+        torch.manual_seed(0)  # the same host rows both times
+        t, host = make(num_slots=24)
+        for layer in range(t.L):  # earlier rows of page 2, folded as usual
+            k = host[layer, 2, :, 0, :14].transpose(0, 1)  # [14, Hkv, D]
+            t.after_append(layer, k, k, torch.full((14,), 2), torch.arange(14))
+        t.defer_summaries = deferred
+        for layer in range(t.L):
+            pg = torch.tensor([p for p, _ in rows])
+            off = torch.tensor([o for _, o in rows])
+            k = host[layer, pg, :, 0, off]  # [5, Hkv, D]
+            t.after_append(layer, k, k, pg, off)
+        t.defer_summaries = False
+        if deferred:
+            before = t.summ.clone()
+            t.fold_rows([p for p, _ in rows], [o for _, o in rows])
+            assert not torch.equal(before, t.summ)
+        summaries.append(t.summ.clone())
+    assert torch.equal(summaries[0], summaries[1])
+    mn = summaries[1][:, 5 * Hkv : 6 * Hkv, 0]  # page 5's min: its 3 rows only
+    assert torch.equal(mn, host[:, 5, :, 0, :3].amin(2))
+    # drop: pages 2 and 5 resident in both layers, then dropped everywhere
+    for layer in range(t.L):
+        t._ensure_resident(layer, torch.tensor([2 * Hkv, 5 * Hkv + 1, 7 * Hkv]),
+                           torch.tensor([True, True, True]))  # fmt: skip
+    t.drop_pages([2, 5])
+    for layer in range(t.L):
+        assert (t.slot_of[layer, torch.tensor([2 * Hkv, 5 * Hkv + 1])] == -1).all()
+        assert int(t.slot_of[layer, 7 * Hkv]) >= 0
+    assert t.stats.dropped == 2 * t.L
+    check_consistent(t, host)
