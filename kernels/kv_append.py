@@ -119,3 +119,119 @@ def append_kv_reference(k, v, host, gpu, pages, offsets, slots, summ) -> None:
     summ[:, 0].scatter_reduce_(0, idx, kf, "amin")
     summ[:, 1].scatter_reduce_(0, idx, kf, "amax")
     summ[:, 2].index_add_(0, u, kf)
+
+
+# -- the tiered cache's append (engine.kv.TieredKV.after_append) ------------------------------
+#
+# The engine's own layout: the rows are already in the host tier (the model's RoPE kernel
+# wrote them there); what remains is the GPU slot of each (row's page, head), if it has one,
+# and the page's key summary in the `summary_rows` layout (Quest min/max in the keys' dtype,
+# or the fp32 sum, or all three), where a row at offset 0 starts its page's summary again.
+# One program per (row, head), no atomics: the rows of one call must fold into distinct
+# units (a decode step: each sequence appends one row to its own last page) or not fold at
+# all (a verification's rows, folded once accepted). ~15 torch kernels per layer become one.
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _tier_append_kernel(
+        K, V, SLOTS, SLOT_OF, SUMM, PAGES, OFFS,
+        s_kn, s_kh, s_vn, s_vh, s_sn, s_skv, s_st, s_un, s_ur,
+        HKV: tl.constexpr, D: tl.constexpr, FOLD: tl.constexpr,
+        ROW_MIN: tl.constexpr, ROW_MAX: tl.constexpr, ROW_SUM: tl.constexpr,
+    ):  # fmt: skip
+        i = tl.program_id(0)
+        h = tl.program_id(1)
+        d = tl.arange(0, D)
+        k = tl.load(K + i * s_kn + h * s_kh + d)
+        v = tl.load(V + i * s_vn + h * s_vh + d)
+        unit = tl.load(PAGES + i).to(tl.int64) * HKV + h
+        off = tl.load(OFFS + i).to(tl.int64)
+        slot = tl.load(SLOT_OF + unit).to(tl.int64)
+        if slot >= 0:
+            row = SLOTS + slot * s_sn + off * s_st + d
+            tl.store(row, k.to(SLOTS.dtype.element_ty))
+            tl.store(row + s_skv, v.to(SLOTS.dtype.element_ty))
+        if FOLD:
+            fresh = off == 0
+            s = SUMM + unit * s_un + d
+            if ROW_MIN >= 0:
+                # compared in fp32 (exact: the result is one of the two values, stored back in
+                # the summaries' dtype; the interpreter's bf16 comparisons are wrong)
+                kq = k.to(SUMM.dtype.element_ty).to(tl.float32)
+                mn = tl.load(s + ROW_MIN * s_ur).to(tl.float32)
+                mx = tl.load(s + ROW_MAX * s_ur).to(tl.float32)
+                mn = tl.where(fresh, kq, tl.minimum(mn, kq))
+                mx = tl.where(fresh, kq, tl.maximum(mx, kq))
+                tl.store(s + ROW_MIN * s_ur, mn.to(SUMM.dtype.element_ty))
+                tl.store(s + ROW_MAX * s_ur, mx.to(SUMM.dtype.element_ty))
+            if ROW_SUM >= 0:
+                acc = tl.load(s + ROW_SUM * s_ur).to(tl.float32)
+                acc = tl.where(fresh, 0.0, acc) + k.to(tl.float32)
+                tl.store(s + ROW_SUM * s_ur, acc)
+
+
+def tier_append(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    slot_of: torch.Tensor,
+    summ: torch.Tensor,
+    pages: torch.Tensor,
+    offsets: torch.Tensor,
+    rows: dict[str, int],
+    fold: bool,
+    use_triton: bool | None = None,
+) -> None:
+    """One layer: k, v [N, Hkv, D] (rows already in the host tier) into the GPU slots
+    `slots` [S, 2, P, D] of their units (`slot_of` [U] int32, -1: none) and, with `fold`,
+    into the summaries `summ` [U, R, D] (`rows`: kernels.page_score.summary_rows). With
+    `fold`, the N rows must fall in distinct pages (see above); pages, offsets [N]."""
+    N, Hkv, D = k.shape
+    assert v.shape == k.shape and pages.shape == offsets.shape == (N,)
+    if N == 0:
+        return
+    if not (HAS_TRITON and (use_triton if use_triton is not None else k.is_cuda)):
+        tier_append_reference(k, v, slots, slot_of, summ, pages, offsets, rows, fold)
+        return
+    _tier_append_kernel[(N, Hkv)](
+        k, v, slots, slot_of, summ, pages, offsets,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        slots.stride(0), slots.stride(1), slots.stride(2), summ.stride(0), summ.stride(1),
+        HKV=Hkv, D=D, FOLD=fold, ROW_MIN=rows["min"], ROW_MAX=rows["max"], ROW_SUM=rows["sum"],
+    )  # fmt: skip
+
+
+def tier_append_reference(k, v, slots, slot_of, summ, pages, offsets, rows, fold) -> None:
+    """The same in torch ops, for any rows (rows of one page fold with scatter reductions);
+    no host round trip (CUDA-graph safe). The last unit of `summ` is scratch."""
+    N, Hkv, D = k.shape
+    dev = slots.device
+    heads = torch.arange(Hkv, device=dev)
+    units = (pages.to(dev).long()[:, None] * Hkv + heads).reshape(-1)  # [N * Hkv]
+    offs = offsets.to(dev).long()[:, None].expand(-1, Hkv).reshape(-1)
+    slot = slot_of[units].long()
+    dst = torch.where(slot >= 0, slot, slots.shape[0] - 1)  # the last slot is scratch too
+    slots[dst, 0, offs] = k.reshape(-1, D).to(dev, slots.dtype)
+    slots[dst, 1, offs] = v.reshape(-1, D).to(dev, slots.dtype)
+    if fold:
+        fold_summaries(summ, k.reshape(-1, D), units, offs == 0, summ.shape[0] - 1, rows)
+
+
+def fold_summaries(summ, k, units, fresh, scratch, rows: dict[str, int]) -> None:
+    """Fold keys k [N, D] into summaries summ [U, R, D] at `units` [N]; a `fresh` row (its
+    page's first) starts its unit's summary again; `scratch` (an int or [N]): the unit that
+    takes the resets of the other rows. No host round trip (CUDA-graph safe)."""
+    first = torch.where(fresh, units, scratch)
+    kf = k.to(summ.device, summ.dtype)
+    if rows["min"] >= 0:
+        # index_fill_, not item assignment: a Python scalar there is a host-to-device copy,
+        # which a CUDA graph cannot hold
+        summ[:, rows["min"]].index_fill_(0, first, float("inf"))
+        summ[:, rows["max"]].index_fill_(0, first, float("-inf"))
+        idx = units[:, None].expand(-1, kf.shape[-1])
+        summ[:, rows["min"]].scatter_reduce_(0, idx, kf, "amin")
+        summ[:, rows["max"]].scatter_reduce_(0, idx, kf, "amax")
+    if rows["sum"] >= 0:
+        summ[:, rows["sum"]].index_fill_(0, first, 0.0)
+        summ[:, rows["sum"]].index_add_(0, units, kf)

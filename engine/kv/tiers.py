@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
 from kernels.sparse_decode import sparse_decode_attention
 from kernels.uva_gather import gather_pages
@@ -240,45 +241,18 @@ class TieredKV:
     # -- appends ----------------------------------------------------------------------------
 
     def after_append(self, layer: int, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor,
-                     offsets: torch.Tensor) -> None:  # fmt: skip
+                     offsets: torch.Tensor, distinct: bool = False) -> None:  # fmt: skip
         """The step's rows are in the host pool (k, v [T, Hkv, D] at pages/offsets): fold
         their keys into the summaries and write them to any slot their page has. A page
         whose first row is written is a fresh page: its summary starts again. (Its slot, if
         it has one, stays: it still holds that page of that head, and rows are written in
-        order, so every row a query can see is fresh.) No host round trip."""
+        order, so every row a query can see is fresh.) No host round trip. `distinct`: the
+        rows fall in distinct pages (a decode step), so one kernel does it all on a GPU."""
         self._join(layer)
-        Hkv, D = self.Hkv, self.D
-        heads = torch.arange(Hkv, device=self.device)
-        pages_d, offs = pages.to(self.device).long(), offsets.to(self.device).long()
-        units = (pages_d[:, None] * Hkv + heads).reshape(-1)  # [T * Hkv]
-        if not self.defer_summaries:
-            fresh = (offs == 0)[:, None].expand(-1, Hkv).reshape(-1)
-            self._fold(self.summ[layer], k.reshape(-1, D), units, fresh, self.scratch_unit)
-        slot = self.slot_of[layer, units].long()
-        dst = torch.where(slot >= 0, slot, self.scratch_slot)
-        off = offs[:, None].expand(-1, Hkv).reshape(-1)
-        self.slots[layer, dst, 0, off] = k.reshape(-1, D).to(self.device, self.slots.dtype)
-        self.slots[layer, dst, 1, off] = v.reshape(-1, D).to(self.device, self.slots.dtype)
-
-    def _fold(self, s: torch.Tensor, k: torch.Tensor, units: torch.Tensor, fresh: torch.Tensor,
-              scratch: int | torch.Tensor) -> None:  # fmt: skip
-        """Fold keys k [N, D] into the summaries s [units, R, D] at `units` [N]; a `fresh`
-        row (the first of its page) starts its unit's summary again (`scratch`: the unit
-        that takes the resets of the other rows)."""
-        rows = self.rows
-        first = torch.where(fresh, units, scratch)
-        kf = k.to(self.device, s.dtype)
-        if rows["min"] >= 0:
-            # index_fill_, not item assignment: a Python scalar there is a host-to-device
-            # copy, which a CUDA graph cannot hold
-            s[:, rows["min"]].index_fill_(0, first, float("inf"))
-            s[:, rows["max"]].index_fill_(0, first, float("-inf"))
-            idx = units[:, None].expand(-1, kf.shape[-1])
-            s[:, rows["min"]].scatter_reduce_(0, idx, kf, "amin")
-            s[:, rows["max"]].scatter_reduce_(0, idx, kf, "amax")
-        if rows["sum"] >= 0:
-            s[:, rows["sum"]].index_fill_(0, first, 0.0)
-            s[:, rows["sum"]].index_add_(0, units, kf)
+        fold = not self.defer_summaries
+        tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer],
+                    pages.to(self.device), offsets.to(self.device), self.rows, fold,
+                    use_triton=None if (distinct or not fold) else False)  # fmt: skip
 
     def fold_rows(self, pages: list[int], offsets: list[int]) -> None:
         """Fold rows already in the host tier (a verification's accepted positions, in
@@ -293,8 +267,9 @@ class TieredKV:
         units = (pg.to(dev)[:, None] * Hkv + torch.arange(Hkv, device=dev)).reshape(1, -1)
         fresh = (off.to(dev) == 0)[:, None].expand(-1, Hkv).reshape(1, -1).expand(L, -1)
         summ = self.summ.view(L * per_layer, *self.summ.shape[2:])
-        self._fold(summ, k.reshape(-1, D), (base + units).reshape(-1), fresh.reshape(-1),
-                   (base + self.scratch_unit).expand(L, units.shape[1]).reshape(-1))  # fmt: skip
+        fold_summaries(summ, k.reshape(-1, D), (base + units).reshape(-1), fresh.reshape(-1),
+                       (base + self.scratch_unit).expand(L, units.shape[1]).reshape(-1),
+                       self.rows)  # fmt: skip
 
     def drop_pages(self, pages: list[int]) -> None:
         """Pages that left their sequence (rolled back): free their slots in every layer,
