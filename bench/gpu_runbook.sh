@@ -44,13 +44,15 @@ case "${1:-1}" in
     tail -8 "$OUT/e2e_500k_peers.log" ;;
 7)  # 4 x 128K against transformers' offloaded cache; verification cost with the one-pass
     # per-query scoring (issue 7); the scoring kernel's tests on the H200
-    python3 -m pytest -q tests/kernels/test_page_score.py 2>&1 | tail -2
+    python3 -m pytest -q tests/kernels/test_page_score.py tests/kernels/test_tier_kernels.py 2>&1 | tail -2
+    timeout 90 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/check.log"
     timeout 300 python3 -m bench.e2e_sparse --context 130000 --batch 4 --gpu-kv-budget 2GiB \
         --variants realistic worst --hf --hf-new-tokens 3 --json "$OUT/e2e_128k_b4_peers.json" \
         > "$OUT/e2e_b4_peers.log" 2>&1 || echo "FAILED: $?"
     tail -6 "$OUT/e2e_b4_peers.log"
-    for b in 1 8; do
-        timeout 110 python3 -m bench.spec_verify --context 131072 --batches $b --ks 0 1 4 \
+    for b in 8; do
+        timeout 120 python3 -m bench.spec_verify --context 131072 --batches $b --ks 0 1 4 \
             --json "$OUT/spec_verify_b$b.json" > "$OUT/spec_verify_b$b.log" 2>&1 || echo "FAILED: $?"
         tail -8 "$OUT/spec_verify_b$b.log"
     done ;;
