@@ -50,8 +50,8 @@ import torch
 
 from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
+from kernels.tier_alloc import LayerState, allocate
 from kernels.sparse_decode import sparse_decode_attention
-from kernels.uva_gather import gather_pages
 
 
 @dataclass
@@ -118,8 +118,6 @@ _COUNTERS = ("steps", "selected", "max_selected", "fetched", "evicted", "localit
              "locality_total", "demand_fetched", "prefetched", "prefetch_hits", "prefetch_waste",
              "recall_hits", "recall_total", "dropped")  # fmt: skip
 _C = {name: i for i, name in enumerate(_COUNTERS)}
-_PREFETCH_COUNTS = ("fetched", "evicted", "prefetched")
-_DEMAND_COUNTS = ("fetched", "evicted", "demand_fetched", "locality_hits", "locality_total")
 
 
 @dataclass
@@ -216,9 +214,6 @@ class TieredKV:
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
         self._seq_budgets: tuple | None = None  # (lengths tensor, step budget, budgets)
-        # counter indices of _count's two uses, made now (not inside a CUDA-graph capture)
-        self._count_idx = {names: torch.tensor([_C[n] for n in names], device=device)
-                           for names in (_PREFETCH_COUNTS, _DEMAND_COUNTS)}  # fmt: skip
 
     # -- sizes for the meter ----------------------------------------------------------------
 
@@ -508,62 +503,23 @@ class TieredKV:
         slot); every valid unit is resident afterwards. Missing units take the least valuable
         slots that this step does not read (free ones first, then the oldest last use, then
         the fewest uses) and are fetched from the host with the UVA gather. All on the
-        device: fixed shapes, no host round trip."""
-        dev, n = self.device, units.numel()
-        slot_of, unit_in = self.slot_of[layer], self.unit_in[layer]
-        last_used, uses = self.last_used[layer], self.uses[layer]
-        u = torch.where(valid, units, self.scratch_unit)
-        slot = slot_of[u].long()
-        missing = slot < 0
-        # one owner per missing unit (a page shared by two sequences appears twice)
-        idx = torch.arange(n, device=dev)
-        self._claim.index_copy_(0, u, idx)
-        owner = missing & (self._claim[u] == idx)
-        # candidate victims, least valuable first; the step's resident slots are protected
-        never = torch.iinfo(torch.long).max
-        value = last_used * (1 << 20) + uses.clamp(max=(1 << 20) - 1)
-        value.index_fill_(0, torch.where(missing, self.scratch_slot, slot), never)
-        value[self.scratch_slot].fill_(never)
-        victims = torch.topk(value, n, largest=False, sorted=True).indices
-        rank = (torch.cumsum(owner, 0) - 1).clamp(min=0)
-        dst = torch.where(owner, victims[rank], self.scratch_slot)
-        old = unit_in[dst]
-        evicted = owner & (old >= 0)
-        slot_of.index_fill_(0, torch.where(evicted, old, self.scratch_unit), -1)
-        slot_of[torch.where(owner, u, self.scratch_unit)] = dst.to(torch.int32)
-        slot_of[self.scratch_unit].fill_(self.scratch_slot)
-        unit_in[dst] = torch.where(owner, u, self.scratch_unit)
-        uses.index_fill_(0, dst, 0)
-        gather_pages(self.host_units[layer], self.slots[layer],
-                     torch.where(owner, u, 0).to(torch.int32),
-                     torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
-        slot = slot_of[u].long()
-        pf = self.prefetched[layer]
-        if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
-            self._count(_PREFETCH_COUNTS, (owner, evicted, owner))
-            pf.index_put_((dst,), owner)
-            # not read yet: no recency (not the evicted page's), first to go if unused
-            last_used.index_fill_(0, dst, -1)
-            pf[self.scratch_slot].fill_(False)
-            return slot.to(torch.int32)
-        if self.forecast is not None:
-            used = valid & pf[slot]
-            self._acc[_C["prefetch_hits"]] += used.sum()
-            pf.index_fill_(0, slot, False)
-            self._acc[_C["prefetch_waste"]] += pf.sum()
-            pf.zero_()
-        # locality: valid units that this layer also read at the step before
-        hit = valid & ~missing & (last_used[slot] == self.clock - 1)
-        self._count(_DEMAND_COUNTS, (owner, evicted, owner, hit, valid))
-        # (index_fill_ with a tensor value reads it on the host: not in a CUDA graph)
-        last_used.index_put_((slot,), self.clock.expand(slot.shape))
-        uses.index_add_(0, slot, torch.ones_like(slot))
-        return slot.to(torch.int32)
-
-    def _count(self, names: tuple[str, ...], masks: tuple[torch.Tensor, ...]) -> None:
-        """Add each mask's true count to its counter: three kernels for them all (stack,
-        sum, index_add) instead of two per counter; a decode step runs this per layer."""
-        self._acc.index_add_(0, self._count_idx[names], torch.stack(masks).sum(1))
+        device: fixed shapes, no host round trip (kernels.tier_alloc: 7 kernels on a GPU)."""
+        st = LayerState(self.slot_of[layer], self.unit_in[layer], self.last_used[layer],
+                        self.uses[layer], self.prefetched[layer], self.host_units[layer],
+                        self.slots[layer])  # fmt: skip
+        slot = allocate(st, units, valid, self._claim, self.clock, self._acc,
+                        _C, prefetch=prefetch)  # fmt: skip
+        if prefetch or self.forecast is None:
+            return slot
+        # prefetched slots that this exact selection reads (hits) or not (waste, once the
+        # layer's step is over: the next step's prefetch marks its own)
+        pf = st.prefetched
+        used = valid & pf[slot.long()]
+        self._acc[_C["prefetch_hits"]] += used.sum()
+        pf.index_fill_(0, slot.long(), False)
+        self._acc[_C["prefetch_waste"]] += pf.sum()
+        pf.zero_()
+        return slot
 
     def _synthetic_scores(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
         """Benchmarks with meaningless (dummy) weights: random scores, except that each page

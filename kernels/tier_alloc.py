@@ -1,0 +1,243 @@
+"""GPU-tier slot allocation for one layer of a sparse decode step (engine.kv.TieredKV):
+make every listed (page, head) unit resident, taking the least valuable slots that the step
+does not read, and fetch the missing units from the host tier. Everything stays on the
+device with fixed shapes, so a decode step can be a CUDA graph.
+
+State of the layer (all on the device; index S of the slot tables and U of the page table
+are scratch entries):
+- slot_of [U + 1] int32: each unit's slot, or -1;
+- unit_in [S + 1] int64: each slot's unit, or -1 (free);
+- last_used [S + 1] int64: the decode step that last read the slot (-1: never, or a
+  prefetched slot not read yet); uses [S + 1] int64: how often it was read;
+- claim [U + 1] int64: a scratch table (which entry owns a unit listed twice);
+- counters: engine.kv.tiers' _acc, with the indices of the counts this call adds.
+
+A slot's value for eviction is last_used * 2^20 + min(uses, 2^20 - 1) (free slots first,
+then the oldest last read, then the fewest reads); the slots the step reads are protected.
+
+Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
+1. `_value_kernel`: each slot's value; the scratch slot protected;
+2. `_resolve_kernel` (per entry): its unit and current slot, its claim on the unit, the
+   protection of the slot it reads, its locality hit (read at the step before);
+3. torch.topk of the n least valuable slots (the victims, in order);
+4. `_assign_kernel` (one program, entries in order): the owners of missing units take the
+   victims in order, evict their units, update both tables and build the fetch list;
+5. the UVA gather (kernels.uva_gather);
+6. `_finish_kernel` (per entry): the final slots, and each read slot's recency and count.
+The torch version of a layer took ~50 kernels; this takes 7.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import HAS_TRITON
+from kernels.uva_gather import gather_pages
+
+NEVER = torch.iinfo(torch.long).max
+USES_BITS = 20
+
+
+@dataclass
+class LayerState:
+    slot_of: torch.Tensor  # [U + 1] int32
+    unit_in: torch.Tensor  # [S + 1] int64
+    last_used: torch.Tensor  # [S + 1] int64
+    uses: torch.Tensor  # [S + 1] int64
+    prefetched: torch.Tensor  # [S + 1] bool: filled by a prefetch, not read yet
+    host_units: torch.Tensor  # [U + 1, 2, P, D]: the host tier (pinned on a GPU run)
+    slots: torch.Tensor  # [S + 1, 2, P, D]: the GPU tier
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.unit_in.shape[0] - 1
+
+    @property
+    def scratch_unit(self) -> int:
+        return self.slot_of.shape[0] - 1
+
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _value_kernel(LAST, USES, VALUE, S, SCRATCH, BLOCK: tl.constexpr, USES_BITS: tl.constexpr):
+        s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = s < S
+        last = tl.load(LAST + s, mask=m, other=0)
+        uses = tl.minimum(tl.load(USES + s, mask=m, other=0), (1 << USES_BITS) - 1)
+        value = last * (1 << USES_BITS) + uses
+        value = tl.where(s == SCRATCH, 9223372036854775807, value)
+        tl.store(VALUE + s, value, mask=m)
+
+    @triton.jit
+    def _resolve_kernel(
+        UNITS, VALID, SLOT_OF, CLAIM, VALUE, LAST, CLOCK, U_OUT, SLOT_OUT, ACC,
+        n, SCRATCH_UNIT, C_HITS, C_TOTAL, BLOCK: tl.constexpr, COUNT: tl.constexpr,
+    ):  # fmt: skip
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        valid = tl.load(VALID + i, mask=m, other=0) != 0
+        u = tl.where(valid, tl.load(UNITS + i, mask=m, other=0), SCRATCH_UNIT)
+        slot = tl.load(SLOT_OF + u, mask=m, other=-1).to(tl.int64)
+        resident = slot >= 0
+        tl.store(U_OUT + i, u, mask=m)
+        tl.store(SLOT_OUT + i, slot, mask=m)
+        tl.store(CLAIM + u, i.to(tl.int64), mask=m)  # one entry wins per unit
+        tl.store(VALUE + slot, 9223372036854775807, mask=m & resident)  # the step reads it
+        if COUNT:  # locality: read by this layer at the step before
+            last = tl.load(LAST + slot, mask=m & resident, other=-2)
+            clock = tl.load(CLOCK)
+            hit = m & valid & resident & (last == clock - 1)
+            tl.atomic_add(ACC + C_HITS, tl.sum(hit.to(tl.int64), 0))
+            tl.atomic_add(ACC + C_TOTAL, tl.sum((m & valid).to(tl.int64), 0))
+
+    @triton.jit
+    def _assign_kernel(
+        U_IN, SLOT_IN, CLAIM, VICTIMS, SLOT_OF, UNIT_IN, LAST, USES, PREF,
+        SRC, DST, ACC, n, SCRATCH_SLOT, SCRATCH_UNIT,
+        C_FETCHED, C_EVICTED, C_EXTRA, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
+    ):  # fmt: skip
+        fetched = tl.zeros([], tl.int64)
+        evicted_n = tl.zeros([], tl.int64)
+        for start in range(0, n, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            m = i < n
+            u = tl.load(U_IN + i, mask=m, other=0)
+            missing = tl.load(SLOT_IN + i, mask=m, other=0) < 0
+            owner = m & missing & (tl.load(CLAIM + u, mask=m, other=-1) == i)
+            rank = fetched + tl.cumsum(owner.to(tl.int64), 0) - 1
+            dst = tl.load(VICTIMS + rank, mask=owner, other=0)
+            old = tl.load(UNIT_IN + dst, mask=owner, other=-1)
+            evicted = owner & (old >= 0)
+            tl.store(SLOT_OF + old, -1, mask=evicted)
+            tl.store(SLOT_OF + u, dst.to(tl.int32), mask=owner)
+            tl.store(UNIT_IN + dst, u, mask=owner)
+            tl.store(USES + dst, 0, mask=owner)
+            if PREFETCH:  # fetched ahead: no recency until read, first to go if unused
+                tl.store(PREF + dst, 1, mask=owner)
+                tl.store(LAST + dst, -1, mask=owner)
+            tl.store(SRC + i, tl.where(owner, u, 0).to(tl.int32), mask=m)
+            tl.store(DST + i, tl.where(owner, dst, -1).to(tl.int32), mask=m)
+            fetched += tl.sum(owner.to(tl.int64), 0)
+            evicted_n += tl.sum(evicted.to(tl.int64), 0)
+        tl.store(ACC + C_FETCHED, tl.load(ACC + C_FETCHED) + fetched)
+        tl.store(ACC + C_EVICTED, tl.load(ACC + C_EVICTED) + evicted_n)
+        tl.store(ACC + C_EXTRA, tl.load(ACC + C_EXTRA) + fetched)
+
+    @triton.jit
+    def _finish_kernel(
+        U_IN, SLOT_OF, LAST, USES, CLOCK, OUT, n, BLOCK: tl.constexpr, READ: tl.constexpr
+    ):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        slot = tl.load(SLOT_OF + tl.load(U_IN + i, mask=m, other=0), mask=m, other=0)
+        tl.store(OUT + i, slot, mask=m)
+        if READ:  # read at this step (the scratch slot too: its value stays protected)
+            tl.store(LAST + slot, tl.load(CLOCK), mask=m)
+            tl.atomic_add(USES + slot, tl.full([BLOCK], 1, tl.int64), mask=m)
+
+
+def allocate(
+    st: LayerState,
+    units: torch.Tensor,
+    valid: torch.Tensor,
+    claim: torch.Tensor,
+    clock: torch.Tensor,
+    acc: torch.Tensor,
+    counters: dict[str, int],
+    prefetch: bool = False,
+    use_triton: bool | None = None,
+) -> torch.Tensor:
+    """Make `units` [n] int64 resident where `valid` [n] bool (the others read the scratch
+    slot). Returns their slots [n] int32.
+    `counters`: the indices in `acc` of fetched, evicted, and prefetched (prefetch) or
+    demand_fetched, locality_hits and locality_total (a demand step). A prefetch neither
+    marks its slots as read nor counts locality; it marks them in `st.prefetched`."""
+    if not (HAS_TRITON and (use_triton if use_triton is not None else units.is_cuda)):
+        return allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch)
+    n, dev = units.numel(), units.device
+    S1 = st.unit_in.shape[0]
+    value = torch.empty(S1, dtype=torch.long, device=dev)
+    B = 1024
+    _value_kernel[(triton.cdiv(S1, B),)](st.last_used, st.uses, value, S1, st.scratch_slot,
+                                         BLOCK=B, USES_BITS=USES_BITS)  # fmt: skip
+    u = torch.empty(n, dtype=torch.long, device=dev)
+    slot_in = torch.empty(n, dtype=torch.long, device=dev)
+    hits, total = (counters["locality_hits"], counters["locality_total"]) if not prefetch else (0, 0)
+    _resolve_kernel[(triton.cdiv(n, B),)](
+        units, valid, st.slot_of, claim, value, st.last_used, clock, u, slot_in, acc,
+        n, st.scratch_unit, hits, total, BLOCK=B, COUNT=not prefetch,
+    )  # fmt: skip
+    victims = torch.topk(value, n, largest=False, sorted=True).indices
+    src = torch.empty(n, dtype=torch.int32, device=dev)
+    dst = torch.empty(n, dtype=torch.int32, device=dev)
+    extra = counters["prefetched"] if prefetch else counters["demand_fetched"]
+    _assign_kernel[(1,)](
+        u, slot_in, claim, victims, st.slot_of, st.unit_in, st.last_used, st.uses,
+        st.prefetched, src, dst, acc, n, st.scratch_slot, st.scratch_unit,
+        counters["fetched"], counters["evicted"], extra, BLOCK=B, PREFETCH=prefetch,
+        num_warps=8,
+    )  # fmt: skip
+    gather_pages(st.host_units, st.slots, src, dst)
+    out = torch.empty(n, dtype=torch.int32, device=dev)
+    _finish_kernel[(triton.cdiv(n, B),)](u, st.slot_of, st.last_used, st.uses, clock, out, n,
+                                         BLOCK=B, READ=not prefetch)  # fmt: skip
+    return out
+
+
+def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=False):
+    """The same in torch ops (the CPU engine's path)."""
+    dev, n = units.device, units.numel()
+    slot_of, unit_in, last_used, uses = st.slot_of, st.unit_in, st.last_used, st.uses
+    scratch_slot, scratch_unit = st.scratch_slot, st.scratch_unit
+    u = torch.where(valid, units, scratch_unit)
+    slot = slot_of[u].long()
+    missing = slot < 0
+    # one owner per missing unit (a page shared by two sequences appears twice)
+    idx = torch.arange(n, device=dev)
+    claim.index_copy_(0, u, idx)
+    owner = missing & (claim[u] == idx)
+    # candidate victims, least valuable first; the step's resident slots are protected
+    value = last_used * (1 << USES_BITS) + uses.clamp(max=(1 << USES_BITS) - 1)
+    value.index_fill_(0, torch.where(missing, scratch_slot, slot), NEVER)
+    value[scratch_slot].fill_(NEVER)
+    victims = torch.topk(value, n, largest=False, sorted=True).indices
+    rank = (torch.cumsum(owner, 0) - 1).clamp(min=0)
+    dst = torch.where(owner, victims[rank], scratch_slot)
+    old = unit_in[dst]
+    evicted = owner & (old >= 0)
+    slot_of.index_fill_(0, torch.where(evicted, old, scratch_unit), -1)
+    slot_of[torch.where(owner, u, scratch_unit)] = dst.to(torch.int32)
+    slot_of[scratch_unit].fill_(scratch_slot)
+    unit_in[dst] = torch.where(owner, u, scratch_unit)
+    uses.index_fill_(0, dst, 0)
+    gather_pages(st.host_units, st.slots, torch.where(owner, u, 0).to(torch.int32),
+                 torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
+    slot = slot_of[u].long()
+    c = counters
+    if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
+        _count(acc, (c["fetched"], c["evicted"], c["prefetched"]), (owner, evicted, owner))
+        pf = st.prefetched
+        pf.index_put_((dst,), owner)
+        # not read yet: no recency (not the evicted page's), first to go if unused
+        last_used.index_fill_(0, dst, -1)
+        pf[scratch_slot].fill_(False)
+        return slot.to(torch.int32)
+    # locality: valid units that this layer also read at the step before
+    hit = valid & ~missing & (last_used[slot] == clock - 1)
+    _count(acc, (c["fetched"], c["evicted"], c["demand_fetched"], c["locality_hits"],
+                 c["locality_total"]), (owner, evicted, owner, hit, valid))  # fmt: skip
+    # (index_fill_ with a tensor value reads it on the host: not in a CUDA graph)
+    last_used.index_put_((slot,), clock.expand(slot.shape))
+    uses.index_add_(0, slot, torch.ones_like(slot))
+    return slot.to(torch.int32)
+
+
+def _count(acc: torch.Tensor, where: tuple[int, ...], masks: tuple[torch.Tensor, ...]) -> None:
+    """Add each mask's true count to its counter (no host-to-device copy: CUDA graphs)."""
+    for i, mask in zip(where, masks, strict=True):
+        acc[i] += mask.sum()

@@ -1,0 +1,77 @@
+"""The GPU tier's slot allocator as kernels (kernels.tier_alloc) against its torch
+reference: after the same random steps (shared pages, invalid entries, prefetches and
+demand reads, a tier much smaller than the pages) both leave the same page table, slot
+owners, recency, read counts, slot contents and counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kv.tiers import _C
+from kernels import HAS_TRITON, INTERPRET
+from kernels.tier_alloc import LayerState, allocate
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(
+    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
+)
+
+
+def state(S: int, U: int, P: int = 4, D: int = 8, seed: int = 0) -> tuple[LayerState, dict]:
+    g = torch.Generator().manual_seed(seed)
+    host = torch.randn(U + 1, 2, P, D, generator=g)
+    host = host.pin_memory() if DEVICE == "cuda" else host
+    slot_of = torch.full((U + 1,), -1, dtype=torch.int32)
+    slot_of[U] = S
+    unit_in = torch.full((S + 1,), -1, dtype=torch.long)
+    unit_in[S] = U
+    st = LayerState(slot_of.to(DEVICE), unit_in.to(DEVICE),
+                    torch.full((S + 1,), -1, dtype=torch.long, device=DEVICE),
+                    torch.zeros(S + 1, dtype=torch.long, device=DEVICE),
+                    torch.zeros(S + 1, dtype=torch.bool, device=DEVICE), host,
+                    torch.zeros(S + 1, 2, P, D, device=DEVICE))  # fmt: skip
+    rest = {"claim": torch.zeros(U + 1, dtype=torch.long, device=DEVICE),
+            "clock": torch.zeros((), dtype=torch.long, device=DEVICE),
+            "acc": torch.zeros(len(_C), dtype=torch.long, device=DEVICE)}  # fmt: skip
+    return st, rest
+
+
+def clone(st: LayerState, rest: dict) -> tuple[LayerState, dict]:
+    t = {f: getattr(st, f) for f in st.__dataclass_fields__}
+    t = {f: (v if f == "host_units" else v.clone()) for f, v in t.items()}
+    return LayerState(**t), {k: v.clone() for k, v in rest.items()}
+
+
+@needs_triton
+@pytest.mark.parametrize("n", [20, 1500])  # one block of entries, and several
+def test_kernels_match_the_reference(n):
+    S, U = (30, 120) if n == 20 else (1600, 5000)
+    a, ra = state(S, U)
+    b, rb = clone(a, ra)
+    g = torch.Generator().manual_seed(n)
+    for step in range(12):
+        for r in (ra, rb):
+            r["clock"] += 1
+        for prefetch in (True, False):
+            units = torch.randint(0, U, (n,), generator=g)
+            units[5] = units[4]  # a page shared by two sequences
+            if step % 3 == 0:  # locality: read again what the step before read
+                units[: n // 2] = torch.randint(0, U // 8, (n // 2,), generator=g)
+            valid = torch.rand(n, generator=g) < 0.8
+            units, valid = units.to(DEVICE), valid.to(DEVICE)
+            got = allocate(a, units, valid, ra["claim"], ra["clock"], ra["acc"], _C,
+                           prefetch=prefetch, use_triton=True)  # fmt: skip
+            want = allocate(b, units, valid, rb["claim"], rb["clock"], rb["acc"], _C,
+                            prefetch=prefetch, use_triton=False)  # fmt: skip
+            assert torch.equal(got.cpu(), want.cpu())
+            for f in ("slot_of", "unit_in", "last_used", "uses", "prefetched", "slots"):
+                x, y = getattr(a, f), getattr(b, f)
+                end = a.scratch_unit if f == "slot_of" else a.scratch_slot  # scratch aside
+                assert torch.equal(x[:end].cpu(), y[:end].cpu()), (step, prefetch, f)
+            assert torch.equal(ra["acc"].cpu(), rb["acc"].cpu()), (step, prefetch)
+    acc = ra["acc"].cpu()
+    assert acc[_C["evicted"]] > 0 and acc[_C["prefetched"]] > 0 and acc[_C["locality_hits"]] > 0
+    # every resident slot holds its unit's rows from the host tier
+    held = (a.unit_in[: a.scratch_slot] >= 0).nonzero().flatten()
+    assert torch.equal(a.slots[held].cpu(), a.host_units[a.unit_in[held].cpu()].cpu())
