@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh 1    (then 2, 3, 4; 5 is the next session's first)
+#   bash bench/gpu_runbook.sh N    (8 is the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -56,4 +56,17 @@ case "${1:-1}" in
             --json "$OUT/spec_verify_b$b.json" > "$OUT/spec_verify_b$b.log" 2>&1 || echo "FAILED: $?"
         tail -8 "$OUT/spec_verify_b$b.log"
     done ;;
+8)  # next session first: this session's untested GPU paths (the one-kernel tier append, the
+    # 7-kernel slot allocator) against their references and in the engine (graphs == eager),
+    # then what they change end to end (128K, prefetch modes: issue 6) and where time goes
+    python3 -m pytest -q tests/kernels > "$OUT/kernels.log" 2>&1; tail -3 "$OUT/kernels.log"
+    timeout 120 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/check.log"
+    timeout 240 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/e2e_128k.log"
+    timeout 150 python3 -m bench.profile_decode --context 131072 --variant realistic \
+        --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -12 "$OUT/profile.log" ;;
 esac
