@@ -56,9 +56,10 @@ case "${1:-1}" in
             --json "$OUT/spec_verify_b$b.json" > "$OUT/spec_verify_b$b.log" 2>&1 || echo "FAILED: $?"
         tail -8 "$OUT/spec_verify_b$b.log"
     done ;;
-8)  # next session first: this session's untested GPU paths (the one-kernel tier append, the
-    # 7-kernel slot allocator) against their references and in the engine (graphs == eager),
-    # then what they change end to end (128K, prefetch modes: issue 6) and where time goes
+8)  # next session first: the 7-kernel slot allocator (kernels.tier_alloc, interpreter-tested
+    # only; switched on here) against its reference and in the engine (graphs == eager), then
+    # what it changes end to end (128K, prefetch modes: issue 6) and where time goes
+    export AGENTCTX_TIER_ALLOC_KERNELS=1
     python3 -m pytest -q tests/kernels > "$OUT/kernels.log" 2>&1; tail -3 "$OUT/kernels.log"
     timeout 120 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
     tail -9 "$OUT/check.log"

@@ -25,10 +25,16 @@ Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
 5. the UVA gather (kernels.uva_gather);
 6. `_finish_kernel` (per entry): the final slots, and each read slot's recency and count.
 The torch version of a layer took ~50 kernels; this takes 7.
+
+Status: the kernels match the reference bit for bit in the Triton interpreter
+(tests/kernels/test_tier_alloc.py) but have not run on a GPU yet, so the engine keeps the
+reference on GPUs unless AGENTCTX_TIER_ALLOC_KERNELS=1 (bench/gpu_runbook.sh 8 checks and
+measures them that way; once they pass there, they become the default).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +43,8 @@ from kernels import HAS_TRITON
 from kernels.uva_gather import gather_pages
 
 NEVER = torch.iinfo(torch.long).max
+# on a GPU, the kernels only when asked for (not validated on a GPU yet: see above)
+GPU_KERNELS = os.environ.get("AGENTCTX_TIER_ALLOC_KERNELS") == "1"
 USES_BITS = 20
 
 
@@ -157,7 +165,8 @@ def allocate(
     `counters`: the indices in `acc` of fetched, evicted, and prefetched (prefetch) or
     demand_fetched, locality_hits and locality_total (a demand step). A prefetch neither
     marks its slots as read nor counts locality; it marks them in `st.prefetched`."""
-    if not (HAS_TRITON and (use_triton if use_triton is not None else units.is_cuda)):
+    on = use_triton if use_triton is not None else (units.is_cuda and GPU_KERNELS)
+    if not (HAS_TRITON and on):
         return allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch)
     n, dev = units.numel(), units.device
     S1 = st.unit_in.shape[0]

@@ -503,7 +503,7 @@ class TieredKV:
         slot); every valid unit is resident afterwards. Missing units take the least valuable
         slots that this step does not read (free ones first, then the oldest last use, then
         the fewest uses) and are fetched from the host with the UVA gather. All on the
-        device: fixed shapes, no host round trip (kernels.tier_alloc: 7 kernels on a GPU)."""
+        device: fixed shapes, no host round trip (kernels.tier_alloc)."""
         st = LayerState(self.slot_of[layer], self.unit_in[layer], self.last_used[layer],
                         self.uses[layer], self.prefetched[layer], self.host_units[layer],
                         self.slots[layer])  # fmt: skip
