@@ -191,11 +191,18 @@ def test_verification_attention_is_each_query_alone():
     from engine.attention import _decode_attention_cpu, _verify_attention_cpu
 
     g = torch.Generator().manual_seed(1)
-    Hkv, G, D, L, T = 3, 3, 64, 3000, 5
-    q = torch.randn(1, Hkv * G, T, D, generator=g)
-    k, v = torch.randn(Hkv, L, D, generator=g), torch.randn(Hkv, L, D, generator=g)
-    out = _verify_attention_cpu(q, k, v, 0.125)
-    for t in range(T):
-        n = L - T + 1 + t
-        alone = _decode_attention_cpu(q[:, :, t : t + 1].contiguous(), k[:, :n], v[:, :n], 0.125)
-        assert torch.equal(out[:, :, t : t + 1], alone)
+    Hkv, G, D = 3, 3, 64
+    # queries that share one value-product anchor (L 3000), straddle one (3075; and 2946,
+    # where one query's tail is a single key), and come before the first (100)
+    for L, T in ((3000, 5), (3075, 9), (2946, 4), (100, 3), (6745, 2)):
+        q = torch.randn(1, Hkv * G, T, D, generator=g)
+        k, v = torch.randn(Hkv, L, D, generator=g), torch.randn(Hkv, L, D, generator=g)
+        out = _verify_attention_cpu(q, k, v, 0.125)
+        for t in range(T):
+            n = L - T + 1 + t
+            one = q[:, :, t : t + 1].contiguous()
+            alone = _decode_attention_cpu(one, k[:, :n], v[:, :n], 0.125)
+            assert torch.equal(out[:, :, t : t + 1], alone), (L, T, t)
+            ref = torch.softmax(torch.einsum("hgd,hnd->hgn", one.view(Hkv, G, D), k[:, :n])
+                                * 0.125, -1) @ v[:, :n]  # fmt: skip
+            assert torch.allclose(alone.view(Hkv, G, D), ref, atol=1e-5)
