@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (8 is the next session's first)
+#   bash bench/gpu_runbook.sh N    (8 and 9 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -60,7 +60,8 @@ case "${1:-1}" in
     # only; switched on here) against its reference and in the engine (graphs == eager), then
     # what it changes end to end (128K, prefetch modes: issue 6) and where time goes
     export AGENTCTX_TIER_ALLOC_KERNELS=1
-    python3 -m pytest -q tests/kernels > "$OUT/kernels.log" 2>&1; tail -3 "$OUT/kernels.log"
+    python3 -m pytest -q tests/kernels/test_tier_alloc.py tests/kernels/test_tier_kernels.py \
+        > "$OUT/kernels.log" 2>&1; tail -3 "$OUT/kernels.log"
     timeout 120 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
     tail -9 "$OUT/check.log"
     timeout 240 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
@@ -70,4 +71,14 @@ case "${1:-1}" in
     timeout 150 python3 -m bench.profile_decode --context 131072 --variant realistic \
         --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -12 "$OUT/profile.log" ;;
+9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager
+    # on the same inputs and in greedy speculation, then its wall time at 128K (issue 7)
+    timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/verify_check.log"
+    for b in 1 8; do
+        timeout 200 python3 -m bench.spec_verify --context 131072 --batches $b --ks 0 1 2 4 8 \
+            --graphs --json "$OUT/spec_verify_graphs_b$b.json" > "$OUT/spec_verify_graphs_b$b.log" \
+            2>&1 || echo "FAILED: $?"
+        tail -8 "$OUT/spec_verify_graphs_b$b.log"
+    done ;;
 esac

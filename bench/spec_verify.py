@@ -14,7 +14,11 @@ graph: Python launches ~6,000 kernels per step, so wall time is launch-bound), a
 kernel time per step (sum of kernel durations from torch.profiler), the device cost that a
 graph replay approaches. The single-token step in a CUDA graph is the reference.
 
-python3 -m bench.spec_verify --context 131072 [--batches 1 8] [--json out.json]
+`--graphs`: the verifications run in CUDA graphs (engine.verify_graphs: per batch size,
+k+1 and page budget; each union in a fixed width), so wall time is the measure; only the
+shared fetch then.
+
+python3 -m bench.spec_verify --context 131072 [--batches 1 8] [--graphs] [--json out.json]
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def main() -> None:
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--graphs", action="store_true",
+                    help="verification in CUDA graphs (engine.verify_graphs)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
@@ -86,6 +92,7 @@ def main() -> None:
     engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
     prompt = prompts_for(n, 1, engine.model_config.vocab_size)[0]
     runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
+    runner.verify_graphs = args.graphs and runner.use_graphs
     rng = random.Random(0)
     rows = []
     for batch in args.batches:
@@ -102,7 +109,7 @@ def main() -> None:
         graph_ms = (time.perf_counter() - t0) * 1000 / steps
         seqs = [r.seq for r in reqs]
         vocab = engine.model_config.vocab_size
-        for shared in (True, False):
+        for shared in (True, False) if not args.graphs else (True,):
             tiers.sparse.verify_shared_fetch = shared
             for k in args.ks:
                 for s in seqs:
@@ -123,6 +130,8 @@ def main() -> None:
                 st1 = tiers.stats
                 fetched = (st1.fetched - st0.fetched) / (args.reps + 3)
                 row = {"context": n, "batch": batch, "k": k, "shared_fetch": shared,
+                       "graphs": runner.verify_graphs, "graph_replays": runner.verify_replays,
+                       "graph_fallbacks": runner.verify_fallbacks,
                        "wall_ms": wall, "gpu_kernel_ms": gpu, "graph_decode_ms": graph_ms,
                        "fetched_pages_per_step": fetched,
                        "fetched_mb_per_step": fetched * tiers.unit_bytes / 1e6}  # fmt: skip

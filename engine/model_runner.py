@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from engine.config import EngineConfig, ModelConfig
@@ -13,9 +15,10 @@ from engine.rope import RotaryEmbedding
 from engine.sampler import sample
 from engine.scheduler import SchedulerOutput
 from engine.step_context import StepContext
+from engine.verify_graphs import VerifyGraphs
 
 
-class ModelRunner:
+class ModelRunner(VerifyGraphs):
     def __init__(
         self,
         model: CausalLM,
@@ -60,6 +63,16 @@ class ModelRunner:
             and not (sp is not None and (sp.oracle or sp.tail_pages))
         )
         self.graph_sizes = self._graph_sizes() if self.use_graphs else []
+        # verification in CUDA graphs (tiered cache only: its attention needs no host lists);
+        # not yet run on a GPU, so only with AGENTCTX_VERIFY_GRAPHS=1 (bench/gpu_runbook.sh 8)
+        self.verify_graphs = (
+            self.use_graphs and self.tiers is not None
+            and os.environ.get("AGENTCTX_VERIFY_GRAPHS") == "1"
+        )  # fmt: skip
+        self.vgraphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.vgraph_logits: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.vbuf: dict[int, dict[str, torch.Tensor]] = {}  # per T: static inputs
+        self.verify_replays = self.verify_fallbacks = 0
         if self.use_graphs:
             self.capture_graphs()
 
@@ -178,6 +191,11 @@ class ModelRunner:
         (ids, positions, pages, offsets, rope_lens, _, query_lens, kv_lens,
          page_lists) = self.prepare(out)  # fmt: skip
         assert len(set(query_lens)) == 1, "a verification runs k+1 positions per sequence"
+        if self.verify_graphs and self._graph_size(len(query_lens)) is not None:
+            logits = self._run_verify_graph(ids, positions, pages, offsets, kv_lens, page_lists,
+                                            query_lens[0])  # fmt: skip
+            if logits is not None:
+                return logits.view(len(query_lens), query_lens[0], -1)
         if self.tiers is not None:
             self.tiers.defer_summaries = True
         try:
@@ -375,6 +393,8 @@ class ModelRunner:
             self.graph_pool = None  # a pool whose graphs are all gone cannot be reused
             self.graph_logits.clear()
             self.graph_argmax.clear()
+            self.vgraphs.clear()
+            self.vgraph_logits.clear()
 
     def _run_graph(
         self, ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device: bool = False

@@ -214,6 +214,10 @@ class TieredKV:
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
         self._seq_budgets: tuple | None = None  # (lengths tensor, step budget, budgets)
+        # a verification in a CUDA graph lists each union in a fixed width; a union that
+        # does not fit sets `verify_overflow` (the caller then verifies again eagerly)
+        self.verify_width: int | None = None
+        self.verify_overflow = torch.zeros((), dtype=torch.int32, device=device)
 
     # -- sizes for the meter ----------------------------------------------------------------
 
@@ -297,7 +301,8 @@ class TieredKV:
             self._group_selection = predicted[2:] + (None,)
         elif layer % sp.layer_group == 0 or self._group_selection is None:
             if T > 1 and not sp.oracle:
-                self._group_selection = self._select_per_query(q, layer, block_tables, kv_lens)
+                self._group_selection = self._select_per_query(q, layer, block_tables, kv_lens,
+                                                               self.verify_width)  # fmt: skip
             else:
                 self._group_selection = self._select(layer, q, block_tables, kv_lens, scale) + (
                     None,
@@ -416,6 +421,8 @@ class TieredKV:
         n_union = listed.sum(-1, dtype=torch.int32)
         if width is None:
             width = max(1, int(n_union.max()))  # (a device read: eager verification)
+        else:  # a fixed width: flag a union that does not fit (its pages would be lost)
+            self.verify_overflow |= (n_union > width).any().to(torch.int32)
         # compaction in page order: listed page i goes to column (listed pages before i)
         col = torch.where(listed, torch.cumsum(listed, -1, dtype=torch.int32) - 1, width)
         col = col.clamp(max=width).long()
@@ -558,6 +565,13 @@ class TieredKV:
             mass = torch.nn.functional.pad(mass, (0, n_pages * P - n)).view(T, Hkv, n_pages, P)
             out[b, :, :n_pages] = mass.sum(-1).amax(0)
         return out
+
+    def verify_width_for(self, batch: int, T: int, budget: int, max_pages: int) -> int:
+        """The fixed union width of a verification graph: room for each later query to add
+        a quarter of the budget in new pages (the real model's step-to-step locality is
+        81-87%, docs/quality.md), within the GPU tier (CacheFullError past it)."""
+        want = min(max_pages, budget + (T - 1) * -(-budget // 4))
+        return max(budget, min(want, self.num_slots // (batch * self.Hkv)))
 
     def budget_for(self, max_len: int, max_pages: int) -> int:
         """Pages per (sequence, KV head) that a step whose longest sequence has `max_len`

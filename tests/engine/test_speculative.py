@@ -206,3 +206,38 @@ def test_verification_attention_is_each_query_alone():
             ref = torch.softmax(torch.einsum("hgd,hnd->hgn", one.view(Hkv, G, D), k[:, :n])
                                 * 0.125, -1) @ v[:, :n]  # fmt: skip
             assert torch.allclose(alone.view(Hkv, G, D), ref, atol=1e-5)
+
+
+def test_fixed_union_width_is_exact_or_flags_overflow(checkpoint):
+    """A verification captured in a CUDA graph lists each sequence's union of per-query
+    pages in a fixed width: where the unions fit it gives the logits of the eager
+    verification (whose width is the largest union), and where one does not fit it raises
+    the overflow flag (the runner then verifies eagerly) instead of silently dropping pages."""
+    from engine.scheduler import ScheduledSeq, SchedulerOutput
+
+    engine = load_engine(checkpoint, sparse=SparseConfig(budget_fraction=0.25))
+    reqs = [engine.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))
+            for p in prompts()]  # fmt: skip
+    while not all(r.stats.completion_tokens >= 3 for r in reqs):
+        engine.step()
+    runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
+    seqs = [r.seq for r in reqs]
+    T = 5
+    for s in seqs:
+        assert bm.ensure_capacity(s, len(s) + T - 1)
+    g = torch.Generator().manual_seed(0)
+    out = SchedulerOutput([ScheduledSeq(s, T, True, draft=tuple(
+        torch.randint(0, 300, (T - 1,), generator=g).tolist())) for s in seqs], [])  # fmt: skip
+    eager = runner.verify(out)
+    budget = tiers.budget_for(max(len(s) + T - 1 for s in seqs), runner.max_pages)
+    wide = tiers.verify_width_for(len(seqs), T, budget, runner.max_pages)
+    for width, overflow in ((wide, False), (1, True)):
+        tiers.verify_overflow.zero_()
+        tiers.verify_width = width
+        try:
+            got = runner.verify(out)
+        finally:
+            tiers.verify_width = None
+        assert bool(tiers.verify_overflow) is overflow
+        if not overflow:
+            assert torch.equal(got, eager)

@@ -1,0 +1,105 @@
+"""Verification steps of speculative decoding in CUDA graphs, for the tiered sparse cache
+(whose attention needs no host-side lists). A mixin of engine.model_runner.ModelRunner."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.step_context import StepContext
+
+
+class VerifyGraphs:
+    """Verification steps in CUDA graphs (a mixin of ModelRunner): one graph per (batch
+    size, k+1, page budget), captured when first needed. The inputs of B sequences with T
+    positions each go to static buffers (padding sequences write the scratch page); the
+    tiered cache lists each sequence's union of per-query pages in a fixed width
+    (TieredKV.verify_width_for) and flags a union that does not fit, in which case the
+    step is verified again eagerly (the KV rows it wrote are rewritten the same; the
+    summaries are not touched by a verification)."""
+
+    def _verify_inputs(self, T: int) -> dict[str, torch.Tensor]:
+        if T not in self.vbuf:
+            n = max(self.graph_sizes)
+            dev, long = self.device, torch.long
+            self.vbuf[T] = {
+                "ids": torch.zeros(n * T, dtype=long, device=dev),
+                "positions": torch.zeros(n * T, dtype=long, device=dev),
+                "pages": torch.full((n * T,), self.scratch_page, dtype=long, device=dev),
+                "offsets": torch.zeros(n * T, dtype=long, device=dev),
+                "kv_lens": torch.full((n,), T, dtype=torch.int32, device=dev),
+                "tables": torch.full((n, self.max_pages), self.scratch_page, dtype=torch.int32,
+                                     device=dev),  # fmt: skip
+            }
+        return self.vbuf[T]
+
+    def _verify_forward(self, size: int, T: int) -> torch.Tensor:
+        b = self._verify_inputs(T)
+        rows = size * T
+        ctx = StepContext(
+            page_size=self.page_size, slot_pages=b["pages"][:rows],
+            slot_offsets=b["offsets"][:rows], decode_only=True, verify=True,
+        )  # fmt: skip
+        ctx.tiers = self.tiers
+        ctx.tier_tables = b["tables"][:size]
+        ctx.tier_lens = b["kv_lens"][:size]
+        ctx.cos, ctx.sin = self.rope(b["positions"][:rows])
+        hidden = self.model(b["ids"][:rows], self.kv.layers, ctx)
+        return self.model.compute_logits(hidden)
+
+    def _pad_verify_inputs(self, T: int) -> None:
+        b = self._verify_inputs(T)
+        b["positions"].copy_(torch.arange(b["positions"].numel(), device=self.device) % T)
+        b["pages"].fill_(self.scratch_page)
+        b["offsets"].copy_(b["positions"] % self.page_size)
+        b["kv_lens"].fill_(T)
+        b["tables"].fill_(self.scratch_page)
+
+    def _capture_verify(self, key: tuple[int, int, int]) -> None:
+        size, T, budget = key
+        tiers = self.tiers
+        saved = tiers._acc.clone(), tiers.clock.clone()
+        self._pad_verify_inputs(T)
+        tiers.end_step(budget=budget)
+        tiers.verify_width = tiers.verify_width_for(size, T, budget, self.max_pages)
+        tiers.defer_summaries = True
+        try:
+            self._verify_forward(size, T)  # warm-up: kernels compile and tune
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                tiers.verify_overflow.zero_()
+                self.vgraph_logits[key] = self._verify_forward(size, T)
+            self.graph_pool = graph.pool()
+            self.vgraphs[key] = graph
+        finally:
+            tiers.defer_summaries = False
+            tiers.verify_width = None
+            tiers._acc.copy_(saved[0])
+            tiers.clock.copy_(saved[1])
+            tiers.end_step()
+        torch.cuda.synchronize()
+
+    def _run_verify_graph(self, ids, positions, pages, offsets, kv_lens, page_lists, T):
+        """The verification's logits [B * T, V] from a graph, or None when a sequence's
+        union did not fit the graph's width (the caller verifies eagerly)."""
+        bs = len(kv_lens)
+        size = self._graph_size(bs)
+        key = (size, T, self.tiers.budget_for(max(kv_lens), self.max_pages))
+        if key not in self.vgraphs:
+            self._capture_verify(key)
+        b = self._verify_inputs(T)
+        rows = bs * T
+        self._pad_verify_inputs(T)
+        for name, values in (("ids", ids), ("positions", positions), ("pages", pages),
+                             ("offsets", offsets)):  # fmt: skip
+            b[name][:rows].copy_(self._to_device(values))
+        b["kv_lens"][:bs].copy_(self._to_device(kv_lens, torch.int32))
+        width = max(len(p) for p in page_lists)
+        tables = [list(p) + [self.scratch_page] * (width - len(p)) for p in page_lists]
+        b["tables"][:bs, :width].copy_(self._to_device(tables, torch.int32).view(bs, width))
+        self.vgraphs[key].replay()
+        if int(self.tiers.verify_overflow):
+            self.verify_fallbacks += 1
+            return None
+        self.verify_replays += 1
+        return self.vgraph_logits[key][:rows]
