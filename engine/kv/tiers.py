@@ -207,6 +207,7 @@ class TieredKV:
         self.prefetched = torch.zeros(self.L, self.num_slots + 1, dtype=torch.bool, device=device)
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
         self._synthetic_next: dict[int, torch.Tensor] = {}
+        self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event] = {}
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -356,6 +357,7 @@ class TieredKV:
         if budget is None:  # a device read: callers say the step's length in end_step
             budget = self.budget_for(int(kv_lens.max()), block_tables.shape[1])
         budget = min(budget, block_tables.shape[1])
+        record = False
         if scores is not None:
             pass
         elif sp.oracle:
@@ -365,6 +367,7 @@ class TieredKV:
             scores = self._synthetic_next.pop(layer, None)
             if scores is None:
                 scores = self._synthetic_scores(layer, block_tables)
+            record = True
         else:
             scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
         # each sequence's own budget (the step's is the longest one's): its pages do not
@@ -376,11 +379,17 @@ class TieredKV:
         else:
             budgets = self._budget_pages((kv_lens.long() + P - 1) // P).clamp(max=budget)
             self._seq_budgets = (kv_lens, budget, budgets)
-        return select_pages(
+        pages, counts = select_pages(
             scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
             generator=self._gen if sp.tail_pages else None,
             width=None if sp.tail_pages else budget, budgets=budgets,
         )  # fmt: skip
+        if record:  # what each row read, for the next step's synthetic locality
+            prev = self._synthetic_prev(layer, block_tables.shape[0])
+            prev.zero_()
+            valid = torch.arange(pages.shape[-1], device=pages.device) < counts[..., None]
+            prev.scatter_(-1, torch.where(valid, pages.long(), prev.shape[-1] - 1), True)
+        return pages, counts
 
     def _select_per_query(self, q, layer, block_tables, kv_lens, width: int | None = None):
         """A verification's selection: each of the T queries of a sequence selects as a
@@ -530,18 +539,25 @@ class TieredKV:
 
     def _synthetic_scores(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
         """Benchmarks with meaningless (dummy) weights: random scores, except that each page
-        this layer read at the step before wins again with probability `sparse.synthetic`
-        (0: a fresh random selection every step, the worst case for the GPU tier)."""
+        that the sequence (its batch row) read at this layer at the step before wins again
+        with probability `sparse.synthetic` (0: a fresh random selection every step, the
+        worst case for the GPU tier). Per row, not per physical page: sequences that share a
+        prompt's pages do not keep each other's (a rule per page let eight sequences over
+        one context settle on the pages any of them had read, and fetch nothing)."""
         B, M = block_tables.shape
         Hkv = self.Hkv
-        units = (
-            block_tables.long()[:, None, :] * Hkv
-            + torch.arange(Hkv, device=self.device)[None, :, None]
-        )
-        slot = self.slot_of[layer][units].long()
-        read_last = (slot >= 0) & (self.last_used[layer][slot.clamp(min=0)] == self.clock - 1)
+        read_last = self._synthetic_prev(layer, B)[..., :M]
         keep = read_last & (torch.rand(B, Hkv, M, device=self.device) < self.sparse.synthetic)
         return torch.rand(B, Hkv, M, device=self.device) + keep.float()
+
+    def _synthetic_prev(self, layer: int, rows: int) -> torch.Tensor:
+        """[rows, Hkv, pages + 1] bool: the page positions each row read at `layer` at its
+        last step (one buffer per layer and row count, updated in place: CUDA graphs)."""
+        key = (layer, rows)
+        if key not in self._synth_prev:
+            self._synth_prev[key] = torch.zeros(rows, self.Hkv, self.num_pages + 1,
+                                                dtype=torch.bool, device=self.device)  # fmt: skip
+        return self._synth_prev[key]
 
     def _oracle_scores(self, layer, q, block_tables, kv_lens, scale) -> torch.Tensor:
         """Exact attention mass per page (GQA group summed, max over the T queries)."""
