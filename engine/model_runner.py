@@ -191,7 +191,11 @@ class ModelRunner(VerifyGraphs):
         (ids, positions, pages, offsets, rope_lens, _, query_lens, kv_lens,
          page_lists) = self.prepare(out)  # fmt: skip
         assert len(set(query_lens)) == 1, "a verification runs k+1 positions per sequence"
-        if self.verify_graphs and self._graph_size(len(query_lens)) is not None:
+        if (
+            self.verify_graphs
+            and self._graph_size(len(query_lens)) is not None
+            and not self._windowed(kv_lens)
+        ):
             logits = self._run_verify_graph(ids, positions, pages, offsets, kv_lens, page_lists,
                                             query_lens[0])  # fmt: skip
             if logits is not None:
