@@ -55,7 +55,7 @@ def main() -> None:
 
     def sync():
         if torch.cuda.is_available():
-            sync()
+            torch.cuda.synchronize()
 
     engine = load()
     runner = engine.runner

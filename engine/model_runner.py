@@ -72,6 +72,8 @@ class ModelRunner(VerifyGraphs):
         self.vgraphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.vgraph_logits: dict[tuple[int, int, int], torch.Tensor] = {}
         self.vbuf: dict[int, dict[str, torch.Tensor]] = {}  # per T: static inputs
+        self.vgraph_tally: dict[tuple[int, int, int], list[int]] = {}
+        self.vgraph_off: set[tuple[int, int, int]] = set()
         self.verify_replays = self.verify_fallbacks = 0
         if self.use_graphs:
             self.capture_graphs()
@@ -399,6 +401,8 @@ class ModelRunner(VerifyGraphs):
             self.graph_argmax.clear()
             self.vgraphs.clear()
             self.vgraph_logits.clear()
+            self.vgraph_tally.clear()
+            self.vgraph_off.clear()
 
     def _run_graph(
         self, ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device: bool = False

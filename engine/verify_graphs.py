@@ -15,7 +15,12 @@ class VerifyGraphs:
     tiered cache lists each sequence's union of per-query pages in a fixed width
     (TieredKV.verify_width_for) and flags a union that does not fit, in which case the
     step is verified again eagerly (the KV rows it wrote are rewritten the same; the
-    summaries are not touched by a verification)."""
+    summaries are not touched by a verification; the counters the replay added are taken
+    back). A key whose width the GPU tier cannot hold, or whose replays mostly overflow,
+    verifies eagerly.
+
+    The logits returned are a view of the graph's static output: the next replay of the
+    same key overwrites them (the decoder reads them at once)."""
 
     def _verify_inputs(self, T: int) -> dict[str, torch.Tensor]:
         if T not in self.vbuf:
@@ -54,13 +59,17 @@ class VerifyGraphs:
         b["kv_lens"].fill_(T)
         b["tables"].fill_(self.scratch_page)
 
-    def _capture_verify(self, key: tuple[int, int, int]) -> None:
+    def _capture_verify(self, key: tuple[int, int, int]) -> bool:
+        """Capture the key's graph; False where the GPU tier cannot hold its width."""
         size, T, budget = key
         tiers = self.tiers
+        width = tiers.verify_width_for(size, T, budget, self.max_pages)
+        if width is None:
+            return False
         saved = tiers._acc.clone(), tiers.clock.clone()
         self._pad_verify_inputs(T)
         tiers.end_step(budget=budget)
-        tiers.verify_width = tiers.verify_width_for(size, T, budget, self.max_pages)
+        tiers.verify_width = width
         tiers.defer_summaries = True
         try:
             self._verify_forward(size, T)  # warm-up: kernels compile and tune
@@ -78,6 +87,7 @@ class VerifyGraphs:
             tiers.clock.copy_(saved[1])
             tiers.end_step()
         torch.cuda.synchronize()
+        return True
 
     def _run_verify_graph(self, ids, positions, pages, offsets, kv_lens, page_lists, T):
         """The verification's logits [B * T, V] from a graph, or None when a sequence's
@@ -85,8 +95,12 @@ class VerifyGraphs:
         bs = len(kv_lens)
         size = self._graph_size(bs)
         key = (size, T, self.tiers.budget_for(max(kv_lens), self.max_pages))
-        if key not in self.vgraphs:
-            self._capture_verify(key)
+        tally = self.vgraph_tally.setdefault(key, [0, 0])  # replays, fallbacks
+        if key in self.vgraph_off or (tally[1] >= 8 and tally[1] > tally[0]):
+            return None
+        if key not in self.vgraphs and not self._capture_verify(key):
+            self.vgraph_off.add(key)
+            return None
         b = self._verify_inputs(T)
         rows = bs * T
         self._pad_verify_inputs(T)
@@ -97,9 +111,16 @@ class VerifyGraphs:
         width = max(len(p) for p in page_lists)
         tables = [list(p) + [self.scratch_page] * (width - len(p)) for p in page_lists]
         b["tables"][:bs, :width].copy_(self._to_device(tables, torch.int32).view(bs, width))
+        tiers = self.tiers
+        saved = tiers._acc.clone(), tiers.recall_by_layer.clone(), tiers.clock.clone()
         self.vgraphs[key].replay()
-        if int(self.tiers.verify_overflow):
+        if int(tiers.verify_overflow):  # a union did not fit: verify eagerly, counted once
+            tiers._acc.copy_(saved[0])
+            tiers.recall_by_layer.copy_(saved[1])
+            tiers.clock.copy_(saved[2])
             self.verify_fallbacks += 1
+            tally[1] += 1
             return None
         self.verify_replays += 1
+        tally[0] += 1
         return self.vgraph_logits[key][:rows]

@@ -9,7 +9,9 @@ are scratch entries):
 - unit_in [S + 1] int64: each slot's unit, or -1 (free);
 - last_used [S + 1] int64: the decode step that last read the slot (-1: never, or a
   prefetched slot not read yet); uses [S + 1] int64: how often it was read;
-- claim [U + 1] int64: a scratch table (which entry owns a unit listed twice);
+- claim [U + 1] int64: a scratch table, NO_CLAIM everywhere between calls: the first
+  entry that lists a unit owns it (an atomic min: the same owner on any device, in any
+  program order; the reference takes the same one);
 - counters: engine.kv.tiers' _acc, with the indices of the counts this call adds.
 
 A slot's value for eviction is last_used * 2^20 + min(uses, 2^20 - 1) (free slots first,
@@ -43,6 +45,7 @@ from kernels import HAS_TRITON
 from kernels.uva_gather import gather_pages
 
 NEVER = torch.iinfo(torch.long).max
+NO_CLAIM = torch.iinfo(torch.long).max
 # on a GPU, the kernels only when asked for (not validated on a GPU yet: see above)
 GPU_KERNELS = os.environ.get("AGENTCTX_TIER_ALLOC_KERNELS") == "1"
 USES_BITS = 20
@@ -94,7 +97,7 @@ if HAS_TRITON:
         resident = slot >= 0
         tl.store(U_OUT + i, u, mask=m)
         tl.store(SLOT_OUT + i, slot, mask=m)
-        tl.store(CLAIM + u, i.to(tl.int64), mask=m)  # one entry wins per unit
+        tl.atomic_min(CLAIM + u, i.to(tl.int64), mask=m)  # the first entry owns the unit
         tl.store(VALUE + slot, 9223372036854775807, mask=m & resident)  # the step reads it
         if COUNT:  # locality: read by this layer at the step before
             last = tl.load(LAST + slot, mask=m & resident, other=-2)
@@ -107,10 +110,11 @@ if HAS_TRITON:
     def _assign_kernel(
         U_IN, SLOT_IN, CLAIM, VICTIMS, SLOT_OF, UNIT_IN, LAST, USES, PREF,
         SRC, DST, ACC, n, SCRATCH_SLOT, SCRATCH_UNIT,
-        C_FETCHED, C_EVICTED, C_EXTRA, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
+        C_FETCHED, C_EVICTED, C_EXTRA, C_WASTE, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
     ):  # fmt: skip
         fetched = tl.zeros([], tl.int64)
         evicted_n = tl.zeros([], tl.int64)
+        wasted = tl.zeros([], tl.int64)
         for start in range(0, n, BLOCK):
             i = start + tl.arange(0, BLOCK)
             m = i < n
@@ -128,6 +132,10 @@ if HAS_TRITON:
             if PREFETCH:  # fetched ahead: no recency until read, first to go if unused
                 tl.store(PREF + dst, 1, mask=owner)
                 tl.store(LAST + dst, -1, mask=owner)
+            else:  # a demand fill: a prefetched page still unread there was wasted
+                unread = owner & (tl.load(PREF + dst, mask=owner, other=0) != 0)
+                wasted += tl.sum(unread.to(tl.int64), 0)
+                tl.store(PREF + dst, 0, mask=owner)
             tl.store(SRC + i, tl.where(owner, u, 0).to(tl.int32), mask=m)
             tl.store(DST + i, tl.where(owner, dst, -1).to(tl.int32), mask=m)
             fetched += tl.sum(owner.to(tl.int64), 0)
@@ -135,18 +143,24 @@ if HAS_TRITON:
         tl.store(ACC + C_FETCHED, tl.load(ACC + C_FETCHED) + fetched)
         tl.store(ACC + C_EVICTED, tl.load(ACC + C_EVICTED) + evicted_n)
         tl.store(ACC + C_EXTRA, tl.load(ACC + C_EXTRA) + fetched)
+        if not PREFETCH:
+            tl.store(ACC + C_WASTE, tl.load(ACC + C_WASTE) + wasted)
 
     @triton.jit
     def _finish_kernel(
-        U_IN, SLOT_OF, LAST, USES, CLOCK, OUT, n, BLOCK: tl.constexpr, READ: tl.constexpr
-    ):
+        U_IN, SLOT_OF, LAST, USES, CLOCK, CLAIM, OUT, n, SCRATCH_SLOT,
+        BLOCK: tl.constexpr, READ: tl.constexpr,
+    ):  # fmt: skip
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
-        slot = tl.load(SLOT_OF + tl.load(U_IN + i, mask=m, other=0), mask=m, other=0)
+        u = tl.load(U_IN + i, mask=m, other=0)
+        slot = tl.load(SLOT_OF + u, mask=m, other=0)
         tl.store(OUT + i, slot, mask=m)
-        if READ:  # read at this step (the scratch slot too: its value stays protected)
-            tl.store(LAST + slot, tl.load(CLOCK), mask=m)
-            tl.atomic_add(USES + slot, tl.full([BLOCK], 1, tl.int64), mask=m)
+        tl.store(CLAIM + u, 9223372036854775807, mask=m)  # claims end with the call
+        if READ:  # read at this step (not the scratch slot: its value is protected anyway)
+            real = m & (slot != SCRATCH_SLOT)
+            tl.store(LAST + slot, tl.load(CLOCK), mask=real)
+            tl.atomic_add(USES + slot, tl.full([BLOCK], 1, tl.int64), mask=real)
 
 
 def allocate(
@@ -163,13 +177,16 @@ def allocate(
     """Make `units` [n] int64 resident where `valid` [n] bool (the others read the scratch
     slot). Returns their slots [n] int32.
     `counters`: the indices in `acc` of fetched, evicted, and prefetched (prefetch) or
-    demand_fetched, locality_hits and locality_total (a demand step). A prefetch neither
+    demand_fetched, locality_hits, locality_total and prefetch_waste (a demand step:
+    prefetched pages its fills replace unread). A prefetch neither
     marks its slots as read nor counts locality; it marks them in `st.prefetched`."""
     on = use_triton if use_triton is not None else (units.is_cuda and GPU_KERNELS)
     if not (HAS_TRITON and on):
         return allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch)
     n, dev = units.numel(), units.device
     S1 = st.unit_in.shape[0]
+    # the callers' capacity check: a step never reads more units than there are slots
+    assert n <= S1 - 1, f"{n} entries for {S1 - 1} slots"
     value = torch.empty(S1, dtype=torch.long, device=dev)
     B = 1024
     _value_kernel[(triton.cdiv(S1, B),)](st.last_used, st.uses, value, S1, st.scratch_slot,
@@ -188,13 +205,15 @@ def allocate(
     _assign_kernel[(1,)](
         u, slot_in, claim, victims, st.slot_of, st.unit_in, st.last_used, st.uses,
         st.prefetched, src, dst, acc, n, st.scratch_slot, st.scratch_unit,
-        counters["fetched"], counters["evicted"], extra, BLOCK=B, PREFETCH=prefetch,
+        counters["fetched"], counters["evicted"], extra, counters.get("prefetch_waste", 0),
+        BLOCK=B, PREFETCH=prefetch,
         num_warps=8,
     )  # fmt: skip
     gather_pages(st.host_units, st.slots, src, dst)
     out = torch.empty(n, dtype=torch.int32, device=dev)
-    _finish_kernel[(triton.cdiv(n, B),)](u, st.slot_of, st.last_used, st.uses, clock, out, n,
-                                         BLOCK=B, READ=not prefetch)  # fmt: skip
+    _finish_kernel[(triton.cdiv(n, B),)](u, st.slot_of, st.last_used, st.uses, clock, claim,
+                                         out, n, st.scratch_slot, BLOCK=B,
+                                         READ=not prefetch)  # fmt: skip
     return out
 
 
@@ -206,10 +225,11 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=F
     u = torch.where(valid, units, scratch_unit)
     slot = slot_of[u].long()
     missing = slot < 0
-    # one owner per missing unit (a page shared by two sequences appears twice)
+    # one owner per missing unit (a page shared by two sequences appears twice): the first
     idx = torch.arange(n, device=dev)
-    claim.index_copy_(0, u, idx)
+    claim.scatter_reduce_(0, u, idx, "amin")
     owner = missing & (claim[u] == idx)
+    claim.index_fill_(0, u, NO_CLAIM)
     # candidate victims, least valuable first; the step's resident slots are protected
     value = last_used * (1 << USES_BITS) + uses.clamp(max=(1 << USES_BITS) - 1)
     value.index_fill_(0, torch.where(missing, scratch_slot, slot), NEVER)
@@ -236,6 +256,11 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=F
         last_used.index_fill_(0, dst, -1)
         pf[scratch_slot].fill_(False)
         return slot.to(torch.int32)
+    # a demand fill over a prefetched page still unread: that prefetch was wasted
+    refill = torch.where(owner, dst, scratch_slot)
+    if "prefetch_waste" in c:
+        acc[c["prefetch_waste"]] += (owner & st.prefetched[refill]).sum()
+    st.prefetched.index_fill_(0, refill, False)
     # locality: valid units that this layer also read at the step before
     hit = valid & ~missing & (last_used[slot] == clock - 1)
     _count(acc, (c["fetched"], c["evicted"], c["demand_fetched"], c["locality_hits"],

@@ -50,7 +50,7 @@ import torch
 
 from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
-from kernels.tier_alloc import LayerState, allocate
+from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
 from kernels.sparse_decode import sparse_decode_attention
 
 
@@ -189,7 +189,8 @@ class TieredKV:
         self.last_used = torch.full((self.L, self.num_slots + 1), -1, dtype=torch.long,
                                     device=device)  # fmt: skip
         self.uses = torch.zeros(self.L, self.num_slots + 1, dtype=torch.long, device=device)
-        self._claim = torch.zeros(units + 1, dtype=torch.long, device=device)
+        # which entry of a call owns a unit listed twice (the first: kernels.tier_alloc)
+        self._claim = torch.full((units + 1,), NO_CLAIM, dtype=torch.long, device=device)
         mode = None if sparse.oracle or sparse.keep_all_summaries else sparse.summary
         # one allocation for every layer (at 500K tokens: 3.8 GiB of Quest summaries)
         summ = empty_summaries(self.L * (units + 1), self.D, device, mode=mode,
@@ -582,12 +583,13 @@ class TieredKV:
             out[b, :, :n_pages] = mass.sum(-1).amax(0)
         return out
 
-    def verify_width_for(self, batch: int, T: int, budget: int, max_pages: int) -> int:
+    def verify_width_for(self, batch: int, T: int, budget: int, max_pages: int) -> int | None:
         """The fixed union width of a verification graph: room for each later query to add
         a quarter of the budget in new pages (the real model's step-to-step locality is
-        81-87%, docs/quality.md), within the GPU tier (CacheFullError past it)."""
+        81-87%, docs/quality.md). None where the GPU tier cannot hold that for the batch
+        (most unions would overflow: such steps verify eagerly)."""
         want = min(max_pages, budget + (T - 1) * -(-budget // 4))
-        return max(budget, min(want, self.num_slots // (batch * self.Hkv)))
+        return want if batch * self.Hkv * want <= self.num_slots else None
 
     def budget_for(self, max_len: int, max_pages: int) -> int:
         """Pages per (sequence, KV head) that a step whose longest sequence has `max_len`

@@ -231,6 +231,7 @@ def test_fixed_union_width_is_exact_or_flags_overflow(checkpoint):
     eager = runner.verify(out)
     budget = tiers.budget_for(max(len(s) + T - 1 for s in seqs), runner.max_pages)
     wide = tiers.verify_width_for(len(seqs), T, budget, runner.max_pages)
+    assert wide is not None and wide >= budget
     for width, overflow in ((wide, False), (1, True)):
         tiers.verify_overflow.zero_()
         tiers.verify_width = width

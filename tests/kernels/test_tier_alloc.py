@@ -10,7 +10,7 @@ import torch
 
 from engine.kv.tiers import _C
 from kernels import HAS_TRITON, INTERPRET
-from kernels.tier_alloc import LayerState, allocate
+from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -34,6 +34,7 @@ def state(S: int, U: int, P: int = 4, D: int = 8, seed: int = 0) -> tuple[LayerS
     rest = {"claim": torch.zeros(U + 1, dtype=torch.long, device=DEVICE),
             "clock": torch.zeros((), dtype=torch.long, device=DEVICE),
             "acc": torch.zeros(len(_C), dtype=torch.long, device=DEVICE)}  # fmt: skip
+    rest["claim"].fill_(NO_CLAIM)
     return st, rest
 
 
@@ -70,6 +71,8 @@ def test_kernels_match_the_reference(n):
                 end = a.scratch_unit if f == "slot_of" else a.scratch_slot  # scratch aside
                 assert torch.equal(x[:end].cpu(), y[:end].cpu()), (step, prefetch, f)
             assert torch.equal(ra["acc"].cpu(), rb["acc"].cpu()), (step, prefetch)
+            for r in (ra, rb):  # claims end with the call (the next one starts clean)
+                assert (r["claim"] == NO_CLAIM).all()
     acc = ra["acc"].cpu()
     assert acc[_C["evicted"]] > 0 and acc[_C["prefetched"]] > 0 and acc[_C["locality_hits"]] > 0
     # every resident slot holds its unit's rows from the host tier
