@@ -22,11 +22,12 @@ Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
 2. `_resolve_kernel` (per entry): its unit and current slot, its claim on the unit, the
    protection of the slot it reads, its locality hit (read at the step before);
 3. torch.topk of the n least valuable slots (the victims, in order);
-4. `_assign_kernel` (one program, entries in order): the owners of missing units take the
-   victims in order, evict their units, update both tables and build the fetch list;
+4. `_owner_kernel` (per entry): whether it fetches (its unit's first listing, missing), a
+   cumsum of those (the owners' ranks), and `_assign_kernel` (per entry): the r-th owner
+   takes the r-th victim, evicts its unit, updates both tables, writes the fetch list;
 5. the UVA gather (kernels.uva_gather);
 6. `_finish_kernel` (per entry): the final slots, and each read slot's recency and count.
-The torch version of a layer took ~50 kernels; this takes 7.
+The torch version of a layer took ~50 kernels; this takes 9.
 
 Status: the kernels match the reference bit for bit in the Triton interpreter
 (tests/kernels/test_tier_alloc.py) but have not run on a GPU yet, so the engine keeps the
@@ -107,44 +108,50 @@ if HAS_TRITON:
             tl.atomic_add(ACC + C_TOTAL, tl.sum((m & valid).to(tl.int64), 0))
 
     @triton.jit
+    def _owner_kernel(U_IN, SLOT_IN, CLAIM, OWNER, n, BLOCK: tl.constexpr):
+        """The entries that fetch: a missing unit's first listing (claims are complete now)."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        u = tl.load(U_IN + i, mask=m, other=0)
+        missing = tl.load(SLOT_IN + i, mask=m, other=0) < 0
+        owner = m & missing & (tl.load(CLAIM + u, mask=m, other=-1) == i)
+        tl.store(OWNER + i, owner.to(tl.int64), mask=m)
+
+    @triton.jit
     def _assign_kernel(
-        U_IN, SLOT_IN, CLAIM, VICTIMS, SLOT_OF, UNIT_IN, LAST, USES, PREF,
-        SRC, DST, ACC, n, SCRATCH_SLOT, SCRATCH_UNIT,
+        U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, LAST, USES, PREF, SRC, DST, ACC, n,
         C_FETCHED, C_EVICTED, C_EXTRA, C_WASTE, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
     ):  # fmt: skip
-        fetched = tl.zeros([], tl.int64)
-        evicted_n = tl.zeros([], tl.int64)
-        wasted = tl.zeros([], tl.int64)
-        for start in range(0, n, BLOCK):
-            i = start + tl.arange(0, BLOCK)
-            m = i < n
-            u = tl.load(U_IN + i, mask=m, other=0)
-            missing = tl.load(SLOT_IN + i, mask=m, other=0) < 0
-            owner = m & missing & (tl.load(CLAIM + u, mask=m, other=-1) == i)
-            rank = fetched + tl.cumsum(owner.to(tl.int64), 0) - 1
-            dst = tl.load(VICTIMS + rank, mask=owner, other=0)
-            old = tl.load(UNIT_IN + dst, mask=owner, other=-1)
-            evicted = owner & (old >= 0)
-            tl.store(SLOT_OF + old, -1, mask=evicted)
-            tl.store(SLOT_OF + u, dst.to(tl.int32), mask=owner)
-            tl.store(UNIT_IN + dst, u, mask=owner)
-            tl.store(USES + dst, 0, mask=owner)
-            if PREFETCH:  # fetched ahead: no recency until read, first to go if unused
-                tl.store(PREF + dst, 1, mask=owner)
-                tl.store(LAST + dst, -1, mask=owner)
-            else:  # a demand fill: a prefetched page still unread there was wasted
-                unread = owner & (tl.load(PREF + dst, mask=owner, other=0) != 0)
-                wasted += tl.sum(unread.to(tl.int64), 0)
-                tl.store(PREF + dst, 0, mask=owner)
-            tl.store(SRC + i, tl.where(owner, u, 0).to(tl.int32), mask=m)
-            tl.store(DST + i, tl.where(owner, dst, -1).to(tl.int32), mask=m)
-            fetched += tl.sum(owner.to(tl.int64), 0)
-            evicted_n += tl.sum(evicted.to(tl.int64), 0)
-        tl.store(ACC + C_FETCHED, tl.load(ACC + C_FETCHED) + fetched)
-        tl.store(ACC + C_EVICTED, tl.load(ACC + C_EVICTED) + evicted_n)
-        tl.store(ACC + C_EXTRA, tl.load(ACC + C_EXTRA) + fetched)
-        if not PREFETCH:
-            tl.store(ACC + C_WASTE, tl.load(ACC + C_WASTE) + wasted)
+        """Owner r-th in entry order (RANK: the inclusive count of owners) takes the r-th
+        least valuable slot. Programs touch disjoint slots and units: owners' victims are
+        distinct, and an evicted unit is never a missing one (resident units the step reads
+        are protected)."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        rank = tl.load(RANK + i, mask=m, other=0)
+        before = tl.load(RANK + i - 1, mask=m & (i > 0), other=0)
+        owner = m & (rank > before)
+        u = tl.load(U_IN + i, mask=m, other=0)
+        dst = tl.load(VICTIMS + rank - 1, mask=owner, other=0)
+        old = tl.load(UNIT_IN + dst, mask=owner, other=-1)
+        evicted = owner & (old >= 0)
+        tl.store(SLOT_OF + old, -1, mask=evicted)
+        tl.store(SLOT_OF + u, dst.to(tl.int32), mask=owner)
+        tl.store(UNIT_IN + dst, u, mask=owner)
+        tl.store(USES + dst, 0, mask=owner)
+        if PREFETCH:  # fetched ahead: no recency until read, first to go if unused
+            tl.store(PREF + dst, 1, mask=owner)
+            tl.store(LAST + dst, -1, mask=owner)
+        else:  # a demand fill: a prefetched page still unread there was wasted
+            unread = owner & (tl.load(PREF + dst, mask=owner, other=0) != 0)
+            tl.atomic_add(ACC + C_WASTE, tl.sum(unread.to(tl.int64), 0))
+            tl.store(PREF + dst, 0, mask=owner)
+        tl.store(SRC + i, tl.where(owner, u, 0).to(tl.int32), mask=m)
+        tl.store(DST + i, tl.where(owner, dst, -1).to(tl.int32), mask=m)
+        fetched = tl.sum(owner.to(tl.int64), 0)
+        tl.atomic_add(ACC + C_FETCHED, fetched)
+        tl.atomic_add(ACC + C_EXTRA, fetched)
+        tl.atomic_add(ACC + C_EVICTED, tl.sum(evicted.to(tl.int64), 0))
 
     @triton.jit
     def _finish_kernel(
@@ -199,15 +206,16 @@ def allocate(
         n, st.scratch_unit, hits, total, BLOCK=B, COUNT=not prefetch,
     )  # fmt: skip
     victims = torch.topk(value, n, largest=False, sorted=True).indices
+    owner = torch.empty(n, dtype=torch.long, device=dev)
+    _owner_kernel[(triton.cdiv(n, B),)](u, slot_in, claim, owner, n, BLOCK=B)
+    rank = torch.cumsum(owner, 0)
     src = torch.empty(n, dtype=torch.int32, device=dev)
     dst = torch.empty(n, dtype=torch.int32, device=dev)
     extra = counters["prefetched"] if prefetch else counters["demand_fetched"]
-    _assign_kernel[(1,)](
-        u, slot_in, claim, victims, st.slot_of, st.unit_in, st.last_used, st.uses,
-        st.prefetched, src, dst, acc, n, st.scratch_slot, st.scratch_unit,
-        counters["fetched"], counters["evicted"], extra, counters.get("prefetch_waste", 0),
-        BLOCK=B, PREFETCH=prefetch,
-        num_warps=8,
+    _assign_kernel[(triton.cdiv(n, B),)](
+        u, rank, victims, st.slot_of, st.unit_in, st.last_used, st.uses, st.prefetched,
+        src, dst, acc, n, counters["fetched"], counters["evicted"], extra,
+        counters.get("prefetch_waste", 0), BLOCK=B, PREFETCH=prefetch,
     )  # fmt: skip
     gather_pages(st.host_units, st.slots, src, dst)
     out = torch.empty(n, dtype=torch.int32, device=dev)
