@@ -118,9 +118,9 @@ def main() -> None:
         dt = time.perf_counter() - t
         print(f"    speculation, verification {'in graphs' if mode else 'eager'}: {dt:.2f} s, "
               f"{runner.verify_replays} graph replays, {runner.verify_fallbacks} fallbacks; "
-              f"tokens == plain decoding {sum(a == b for a, b in zip(got[mode], truth))}/3")  # fmt: skip
+              f"tokens == plain decoding {sum(a == b for a, b in zip(got[mode], truth, strict=True))}/3")  # fmt: skip
     print(f"[{'ok' if got[True] == got[False] else 'FAIL'}] speculative tokens, graphs == eager "
-          f"({sum(a == b for a, b in zip(got[True], got[False]))}/3)")  # fmt: skip
+          f"({sum(a == b for a, b in zip(got[True], got[False], strict=True))}/3)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ def main() -> None:
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--graphs", action="store_true",
-                    help="verification in CUDA graphs (engine.verify_graphs)")
+    ap.add_argument(
+        "--graphs", action="store_true", help="verification in CUDA graphs (engine.verify_graphs)"
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size

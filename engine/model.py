@@ -91,7 +91,7 @@ class Attention(nn.Module):
         q, k = rope_kv(q, k, v, ctx.cos, ctx.sin, kv, ctx.slot_pages, ctx.slot_offsets)
         if ctx.tiers is not None:
             # a decode step (one row per sequence, each in its own last page) or not
-            distinct = ctx.tier_tables is not None and T == ctx.tier_tables.shape[0]
+            distinct = ctx.tier_tables is not None and ctx.tier_tables.shape[0] == T
             ctx.tiers.after_append(self.layer_idx, k, v, ctx.slot_pages, ctx.slot_offsets,
                                    distinct)  # fmt: skip
             if ctx.tier_tables is not None:  # a decode step: sparse over the tiers

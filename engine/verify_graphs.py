@@ -32,8 +32,9 @@ class VerifyGraphs:
                 "pages": torch.full((n * T,), self.scratch_page, dtype=long, device=dev),
                 "offsets": torch.zeros(n * T, dtype=long, device=dev),
                 "kv_lens": torch.full((n,), T, dtype=torch.int32, device=dev),
-                "tables": torch.full((n, self.max_pages), self.scratch_page, dtype=torch.int32,
-                                     device=dev),  # fmt: skip
+                "tables": torch.full(
+                    (n, self.max_pages), self.scratch_page, dtype=torch.int32, device=dev
+                ),  # fmt: skip
             }
         return self.vbuf[T]
 

@@ -200,7 +200,9 @@ def allocate(
                                          BLOCK=B, USES_BITS=USES_BITS)  # fmt: skip
     u = torch.empty(n, dtype=torch.long, device=dev)
     slot_in = torch.empty(n, dtype=torch.long, device=dev)
-    hits, total = (counters["locality_hits"], counters["locality_total"]) if not prefetch else (0, 0)
+    hits, total = (
+        (counters["locality_hits"], counters["locality_total"]) if not prefetch else (0, 0)
+    )
     _resolve_kernel[(triton.cdiv(n, B),)](
         units, valid, st.slot_of, claim, value, st.last_used, clock, u, slot_in, acc,
         n, st.scratch_unit, hits, total, BLOCK=B, COUNT=not prefetch,

@@ -50,8 +50,8 @@ import torch
 
 from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
-from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
 from kernels.sparse_decode import sparse_decode_attention
+from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
 
 
 @dataclass
@@ -437,7 +437,9 @@ class TieredKV:
         col = torch.where(listed, torch.cumsum(listed, -1, dtype=torch.int32) - 1, width)
         col = col.clamp(max=width).long()
         out_pages = torch.zeros(B, Hkv, width + 1, dtype=torch.int32, device=dev)
-        out_pages.scatter_(-1, col, torch.arange(M, device=dev, dtype=torch.int32).expand(B, Hkv, M))
+        out_pages.scatter_(
+            -1, col, torch.arange(M, device=dev, dtype=torch.int32).expand(B, Hkv, M)
+        )
         qmask = torch.zeros(B, Hkv, width + 1, dtype=torch.int32, device=dev)
         qmask.scatter_(-1, col, bits)
         # (columns past a row's union read 0s: column `width` took every unlisted page)

@@ -68,7 +68,7 @@ def test_deferred_rows_fold_and_dropped_pages_leave_every_layer():
     """A verification's rows fold into the summaries later (fold_rows, all layers at once):
     the summaries then equal those of the same rows appended one by one; drop_pages frees
     the pages' slots in every layer and counts them."""
-    P, Hkv, D = 16, 3, 8
+    Hkv = 3
     rows = [(2, o) for o in range(14, 16)] + [(5, o) for o in range(0, 3)]  # across a page end
     summaries = []
     for deferred in (False, True):

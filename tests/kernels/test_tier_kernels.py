@@ -139,7 +139,9 @@ def test_tier_append_matches_reference(layout, fold):
     k = torch.randn(5, Hkv, D, generator=g).to(dtype)
     v = torch.randn(5, Hkv, D, generator=g).to(dtype)
     slot_of = torch.full((U + 1,), -1, dtype=torch.int32)
-    slot_of[torch.tensor([2 * 3, 5 * 3 + 2, 7 * 3 + 1])] = torch.tensor([4, 0, 5], dtype=torch.int32)
+    slot_of[torch.tensor([2 * 3, 5 * 3 + 2, 7 * 3 + 1])] = torch.tensor(
+        [4, 0, 5], dtype=torch.int32
+    )
     summ = empty_summaries(U + 1, D, mode=mode, dtype=dtype)
     summ[:] = torch.randn(summ.shape, generator=g).to(summ.dtype)  # earlier rows' statistics
     slots = torch.randn(S + 1, 2, P, D, generator=g).to(dtype)
