@@ -22,19 +22,23 @@ from engine.spec.accept import accept_greedy, accept_sampling
 from engine.spec.proposers import (
     AdaptiveLength,
     DraftModel,
+    LookupOrSelf,
     LookupProposer,
     Proposer,
     SelfDraft,
 )
 
-MODES = ("off", "auto", "lookup", "self", "draft:PATH")
+MODES = ("off", "auto", "lookup", "self", "lookup+self", "draft:PATH")
 
 
 @dataclass
 class SpecConfig:
-    """`mode`: "off", "lookup", "self", "draft:PATH" (a model the engine can load), or
-    "auto" (prompt lookup: free when nothing matches, since a step without a draft is a plain
-    decode step). `max_k`: the longest draft; `start_k`: the first draft's length;
+    """`mode`: "off", "lookup", "self", "lookup+self" (lookup where the context holds a
+    continuation, else self), "draft:PATH" (a model the engine can load), or "auto":
+    lookup+self on the CPU (1.05x no speculation on average over five questions with the
+    default model, against 1.01x lookup and 1.03x self: bench.cpu_spec_modes,
+    docs/benchmarks.md), lookup on a GPU (free when nothing matches, where a self-draft
+    runs the model eagerly). `max_k`: the longest draft; `start_k`: the first draft's length;
     `adaptive`: choose each draft's length from the measured acceptance and step costs
     (AdaptiveLength), else always `start_k`; `window`/`sinks`: the ring of self and draft."""
 
@@ -46,7 +50,8 @@ class SpecConfig:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if not (self.mode in ("off", "auto", "lookup", "self") or self.mode.startswith("draft:")):
+        named = ("off", "auto", "lookup", "self", "lookup+self")
+        if not (self.mode in named or self.mode.startswith("draft:")):
             raise ValueError(f"speculate must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode == "draft:":
             raise ValueError("draft: needs a model path, e.g. draft:/models/small.gguf")
@@ -79,12 +84,15 @@ def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
     mode = cfg.mode
     if mode == "off":
         return None
-    if mode in ("auto", "lookup"):
+    if mode == "auto":
+        mode = "lookup+self" if engine.device.type == "cpu" else "lookup"
+    if mode == "lookup":
         return LookupProposer()
     runner = engine.runner
-    if mode == "self":
-        return SelfDraft(engine.model, runner.rope, runner.kv.pool, runner.page_size,
-                         cfg.sinks, cfg.window, cfg.max_k)  # fmt: skip
+    if mode in ("self", "lookup+self"):
+        draft = SelfDraft(engine.model, runner.rope, runner.kv.pool, runner.page_size,
+                          cfg.sinks, cfg.window, cfg.max_k)  # fmt: skip
+        return draft if mode == "self" else LookupOrSelf(LookupProposer(), draft)
     from engine import Engine
     from engine.rope import RotaryEmbedding
 

@@ -57,6 +57,28 @@ class LookupProposer(Proposer):
         return Draft(self.lookup.propose(seq.token_ids, k))
 
 
+class LookupOrSelf(Proposer):
+    """Prompt lookup where the context holds a continuation (free, and long when the answer
+    quotes), else the model's own draft over its window (`SelfDraft`)."""
+
+    name = "lookup+self"
+
+    def __init__(self, lookup: LookupProposer, draft: SelfDraft, min_match: int = 2) -> None:
+        self.lookup, self.draft, self.min_match = lookup, draft, min_match
+
+    def propose(self, seq, k: int, generator: torch.Generator | None = None) -> Draft:
+        found = self.lookup.propose(seq, k)
+        if len(found.tokens) >= min(k, self.min_match):
+            return found
+        return self.draft.propose(seq, k, generator)
+
+    def release(self, seq_id: int) -> None:
+        self.draft.release(seq_id)
+
+    def memory_bytes(self) -> int:
+        return self.draft.memory_bytes()
+
+
 class _RingDrafter(Proposer):
     """Drafts with `model` over a RingKV per sequence; subclasses say how the ring learns the
     context (`_sync`) and what happens to the drafted entries after verification."""

@@ -40,7 +40,7 @@ SPARSE = dict(budget_fraction=0.3)
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-@pytest.mark.parametrize("mode", ["lookup", "self", "draft"])
+@pytest.mark.parametrize("mode", ["lookup", "self", "lookup+self", "draft"])
 def test_greedy_speculation_is_token_identical(checkpoint, mode, sparse):
     sp = SparseConfig(**SPARSE) if sparse else None
     expected = [c.token_ids for c in load_engine(checkpoint, sparse=sp).generate(prompts(), PARAMS)]
@@ -242,3 +242,29 @@ def test_fixed_union_width_is_exact_or_flags_overflow(checkpoint):
         assert bool(tiers.verify_overflow) is overflow
         if not overflow:
             assert torch.equal(got, eager)
+
+
+def test_auto_on_the_cpu_is_lookup_where_it_matches_else_self(checkpoint):
+    """`auto` on the CPU: the context's own continuation where the last tokens occurred
+    before (free), the model's own window draft where they did not."""
+    from engine.spec.decoder import make_proposer
+    from engine.spec.proposers import LookupOrSelf, LookupProposer
+
+    engine = load_engine(checkpoint)
+    proposer = make_proposer(SpecConfig("auto"), engine)
+    assert isinstance(proposer, LookupOrSelf)
+    reqs = [engine.add_request(p, SamplingParams(max_tokens=36, ignore_eos=True))
+            for p in prompts()[:2]]  # fmt: skip
+    repetitive, plain = (r.seq for r in reqs)
+    lookup = LookupProposer()
+    engine.step()  # prefill
+    while not lookup.propose(repetitive, 4).tokens:  # until the model repeats itself
+        assert not reqs[0].done, "the model never repeated its context"
+        engine.step()
+    assert len(lookup.propose(repetitive, 4).tokens) == 4
+    assert proposer.propose(repetitive, 4).tokens == lookup.propose(repetitive, 4).tokens
+    if not lookup.propose(plain, 4).tokens:  # (a random prompt: no earlier match)
+        own = proposer.draft.propose(plain, 4).tokens
+        assert proposer.propose(plain, 4).tokens == own and len(own) == 4
+    else:
+        pytest.fail("the random prompt repeats its last tokens: pick another seed")
