@@ -24,6 +24,46 @@ class _Quiet:
         pass
 
 
+def run_modes(engine, kind: str, root: str, question: str, params, modes) -> list[dict]:
+    """One question over the app's packing of `root` (a repo or a book), decoded once per
+    speculation mode ("off" first: the reference tokens), the prefix cache emptied before
+    each run; a row per mode, printed as it comes."""
+    from agentctx.ask import new_session_messages
+    from engine.default_model import default_model_path
+    from engine.spec.decoder import SpecConfig, SpecDecoder, make_proposer
+
+    messages, _ = new_session_messages(engine, root, question, params, None, _Quiet(), kind)
+    prompt = engine.chat_tokens(messages)
+    reference = None
+    rows = []
+    for mode in modes:
+        name = f"draft:{default_model_path()}" if mode == "draft" else mode
+        cfg = SpecConfig(name)
+        engine.spec = (
+            None if mode == "off" else SpecDecoder(engine, cfg, make_proposer(cfg, engine))
+        )
+        engine.block_manager.reset_prefix_cache()
+        c = engine.generate([prompt], params)[0]
+        if reference is None:
+            reference = c.token_ids
+        spec = c.stats.speculation
+        row = {"case": kind, "question": question, "mode": mode, "prompt_tokens": len(prompt),
+               "completion_tokens": len(c.token_ids), "decode_tok_s": c.stats.decode_tok_s,
+               "same_tokens": c.token_ids == reference,
+               "mean_accepted": spec.mean_accepted if spec else None,
+               "acceptance_rate": spec.acceptance_rate if spec else None,
+               "verifications": spec.steps if spec else 0,
+               "proposer_share": spec.propose_s / c.stats.total_s if spec else 0.0,
+               "drafted": spec.drafted if spec else 0,
+               # seconds per step by query positions (1: a plain step), as measured by
+               # the draft-length policy during the run
+               "step_ms": {T: 1000 * t for T, t in sorted(engine.spec.lengths.step_s.items())}
+               if engine.spec else {}}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", default=".")
@@ -33,10 +73,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["off", "lookup", "self", "draft"])
     ap.add_argument("--json")
     args = ap.parse_args()
-    from agentctx.ask import new_session_messages
     from engine import Engine, SamplingParams
-    from engine.default_model import default_model_path
-    from engine.spec.decoder import SpecConfig, SpecDecoder, make_proposer
 
     engine = Engine.load(None, device="cpu", weights=args.weights)
     params = SamplingParams(max_tokens=args.max_tokens, repetition_penalty=1.1)
@@ -47,34 +84,7 @@ def main() -> None:
                       "Quote the first three sentences of Chapter 1 exactly."))  # fmt: skip
     rows = []
     for kind, root, question in cases:
-        messages, _ = new_session_messages(engine, root, question, params, None, _Quiet(), kind)
-        prompt = engine.chat_tokens(messages)
-        reference = None
-        for mode in args.modes:
-            name = f"draft:{default_model_path()}" if mode == "draft" else mode
-            cfg = SpecConfig(name)
-            engine.spec = (
-                None if mode == "off" else SpecDecoder(engine, cfg, make_proposer(cfg, engine))
-            )
-            engine.block_manager.reset_prefix_cache()
-            c = engine.generate([prompt], params)[0]
-            if reference is None:
-                reference = c.token_ids
-            spec = c.stats.speculation
-            row = {"case": kind, "mode": mode, "prompt_tokens": len(prompt),
-                   "completion_tokens": len(c.token_ids), "decode_tok_s": c.stats.decode_tok_s,
-                   "same_tokens": c.token_ids == reference,
-                   "mean_accepted": spec.mean_accepted if spec else None,
-                   "acceptance_rate": spec.acceptance_rate if spec else None,
-                   "verifications": spec.steps if spec else 0,
-                   "proposer_share": spec.propose_s / c.stats.total_s if spec else 0.0,
-                   "drafted": spec.drafted if spec else 0,
-                   # seconds per step by query positions (1: a plain step), as measured by
-                   # the draft-length policy during the run
-                   "step_ms": {T: 1000 * t for T, t in sorted(engine.spec.lengths.step_s.items())}
-                   if engine.spec else {}}  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        rows += run_modes(engine, kind, root, question, params, args.modes)
     print(f"\n{'case':>5} {'mode':>7} {'prompt':>7} {'tok/s':>7} {'x off':>6} {'tok/verif':>9} "
           f"{'accepted':>8} {'proposer':>8} same")  # fmt: skip
     for r in rows:

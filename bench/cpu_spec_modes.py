@@ -14,19 +14,13 @@ import json
 import os
 
 
-class _Quiet:
-    def info(self, *_):
-        pass
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--book", default="../shared/data/books/pride_and_prejudice.txt")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from agentctx.ask import new_session_messages
+    from bench.cpu_spec import run_modes
     from engine import Engine, SamplingParams
-    from engine.spec.decoder import SpecConfig, SpecDecoder, make_proposer
 
     engine = Engine.load(None, device="cpu")
     params = SamplingParams(max_tokens=128, repetition_penalty=1.1)
@@ -42,26 +36,13 @@ def main() -> None:
     for kind, root, question in cases:
         if not os.path.exists(root):
             continue
-        messages, _ = new_session_messages(engine, os.path.abspath(root), question, params,
-                                           None, _Quiet(), kind)  # fmt: skip
-        prompt = engine.chat_tokens(messages)
-        base = ref = None
-        for mode in ("off", "lookup", "self", "lookup+self"):
-            cfg = SpecConfig(mode)
-            engine.spec = (
-                None if mode == "off" else SpecDecoder(engine, cfg, make_proposer(cfg, engine))
-            )
-            engine.block_manager.reset_prefix_cache()
-            c = engine.generate([prompt], params)[0]
-            spec = c.stats.speculation
-            base = base or c.stats.decode_tok_s
-            ref = ref or c.token_ids
-            row = {"question": question, "mode": mode, "tokens": len(c.token_ids),
-                   "decode_tok_s": c.stats.decode_tok_s, "x_off": c.stats.decode_tok_s / base,
-                   "tokens_per_verification": spec.mean_accepted if spec else None,
-                   "same_tokens": c.token_ids == ref}  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        runs = run_modes(engine, kind, os.path.abspath(root), question, params,
+                         ("off", "lookup", "self", "lookup+self"))  # fmt: skip
+        base = runs[0]["decode_tok_s"]
+        rows += [{"question": question, "mode": r["mode"], "tokens": r["completion_tokens"],
+                  "decode_tok_s": r["decode_tok_s"], "x_off": r["decode_tok_s"] / base,
+                  "tokens_per_verification": r["mean_accepted"],
+                  "same_tokens": r["same_tokens"]} for r in runs]  # fmt: skip
     for mode in ("lookup", "self", "lookup+self"):
         xs = [r["x_off"] for r in rows if r["mode"] == mode]
         print(f"{mode:>12}: mean {sum(xs) / len(xs):.3f}x no speculation over {len(xs)} questions")
