@@ -60,7 +60,7 @@ case "${1:-1}" in
     # only; switched on here) against its reference and in the engine (graphs == eager), then
     # what it changes end to end (128K, prefetch modes: issue 6) and where time goes
     export AGENTCTX_TIER_ALLOC_KERNELS=1
-    python3 -m pytest -q tests/kernels/test_tier_alloc.py tests/kernels/test_tier_kernels.py \
+    timeout 100 python3 -m pytest -q tests/kernels/test_tier_alloc.py tests/kernels/test_tier_kernels.py \
         > "$OUT/kernels.log" 2>&1; tail -3 "$OUT/kernels.log"
     timeout 120 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
     tail -9 "$OUT/check.log"
