@@ -1,7 +1,8 @@
 """Where a sparse decode step's time goes (dummy 8B weights, tiered cache, one process under
 the 24 GiB cap as in bench.e2e_sparse): the step time in CUDA graphs and eagerly, then
-torch.profiler over a few eager steps and over a few graph replays, ops and kernels ranked
-by GPU time, with the number of kernels per step.
+torch.profiler over a few eager decode steps and over a few graph replays (the prefill is
+kept out of the profile), ops and kernels ranked by GPU time, with the number of kernels
+per step.
 
 python3 -m bench.profile_decode --context 131072 --variant realistic --prefetch off forecast \
     [--json out.json]
@@ -18,25 +19,37 @@ from bench.e2e_sparse import model_config, prompts_for, sync, timed_decode
 
 
 def profile(engine, prompts, steps: int) -> tuple[str, int, float]:
-    """Profile `steps` decode steps; returns (table, kernels per step, GPU ms per step)."""
+    """Profile `steps` decode steps, after the prompts' prefill and first step (outside the
+    profile: the re-submitted prompt's last page is prefilled again, and its context gather
+    would swamp a decode step's kernels); returns (table, kernels per step, GPU ms per step)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
 
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    while not all(r.stats.completion_tokens for r in reqs):
+        engine.step()
+    engine.step()  # one plain decode step outside the profile
     sync()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with prof_ctx(activities=acts) as prof:
-        timed_decode(engine, prompts, steps + 1)
+        for _ in range(steps):
+            engine.step()
         sync()
+    while not all(r.done for r in reqs):
+        engine.step()
     events = prof.key_averages()
     key = "self_device_time_total"
     try:
-        table = events.table(sort_by=key, row_limit=30, max_name_column_width=60)
+        table = events.table(sort_by=key, row_limit=40, max_name_column_width=60)
     except (AttributeError, KeyError):
         key = "self_cuda_time_total"
-        table = events.table(sort_by=key, row_limit=30, max_name_column_width=60)
+        table = events.table(sort_by=key, row_limit=40, max_name_column_width=60)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.device_time if hasattr(e, "device_time") else e.cuda_time for e in kernels)
-    return table, len(kernels) // (steps + 1), gpu_us / 1000 / (steps + 1)
+    return table, len(kernels) // steps, gpu_us / 1000 / steps
 
 
 def main() -> None:
@@ -80,9 +93,9 @@ def main() -> None:
         graph = timed_decode(engine, prompts, args.new_tokens)
         graphs, runner.use_graphs = runner.use_graphs, False
         eager = timed_decode(engine, prompts, 8)
-        table_eager, k_eager, gpu_eager = profile(engine, prompts, 3)
+        table_eager, k_eager, gpu_eager = profile(engine, prompts, 4)
         runner.use_graphs = graphs
-        table_graph, k_graph, gpu_graph = profile(engine, prompts, 3)
+        table_graph, k_graph, gpu_graph = profile(engine, prompts, 4)
         row = {"prefetch": prefetch, "variant": args.variant, "context": n,
                "graph_ms_per_token": 1000 / graph["decode_tok_s_median_step"],
                "eager_ms_per_token": 1000 / eager["decode_tok_s_median_step"],

@@ -1,8 +1,9 @@
-"""Top-k page selection on the GPU: the radix-histogram kernel, the bisection kernel and
+"""Top-k page selection on the GPU: the radix-histogram kernel, the bisection kernel (one bit
+per round, int64 keys), the probe kernels (1, 2 or 4 bits per round, int32 keys) and
 torch.topk + sort, on score rows like the engine's (8 KV heads x batch, 32K / 128K / 500K
 tokens in 16-token pages, 2% and 0.2% budgets), for two score spreads: standard normal
 (spread exponents) and uniform in [0, 2) (one magnitude: the synthetic selections of the
-benchmarks, and Quest bounds of one layer are alike). All three give the same pages.
+benchmarks, and Quest bounds of one layer are alike). All give the same pages.
 
 python3 -m bench.select_bench [--json out.json]
 """
@@ -14,6 +15,7 @@ import json
 
 import torch
 
+METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "torch")
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -21,12 +23,13 @@ def main() -> None:
     args = ap.parse_args()
     import triton.testing
 
-    from kernels.page_score import select_pages
+    from kernels.page_score import _MAX_PAGES, select_pages
 
     rows = []
     for context in (32768, 131072, 500000):
         M = context // 16
-        for batch in (1, 8):
+        # (40 rows of 8 heads: a batch-8 verification of k = 4, each query its own row)
+        for batch in (1, 8, 40) if context == 131072 else (1, 8):
             for frac in (0.02, 0.002):
                 budget = max(4, round(frac * M))
                 for spread in ("normal", "uniform"):
@@ -39,8 +42,8 @@ def main() -> None:
                     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
                     row = {"context": context, "batch": batch, "budget": frac, "spread": spread}
                     ref = select_pages(s, lens, 16, budget, width=budget, method="torch")
-                    for m in ("radix", "bisect", "torch"):
-                        if m == "bisect" and M > 16384:
+                    for m in METHODS:
+                        if M > _MAX_PAGES.get(m, M):
                             continue
                         try:
                             out = select_pages(s, lens, 16, budget, width=budget, method=m)
@@ -56,12 +59,13 @@ def main() -> None:
                         row[f"{m}_same"] = same
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    print(f"\n{'context':>8} {'batch':>5} {'budget':>6} {'scores':>8} {'radix':>8} {'bisect':>8} "
-          f"{'torch':>8}  (ms)")  # fmt: skip
+    print(f"\n{'context':>8} {'batch':>5} {'budget':>6} {'scores':>8} "
+          + " ".join(f"{m:>8}" for m in METHODS) + "  (ms)")
     for r in rows:
-        b = f"{r['bisect_ms']:8.3f}" if "bisect_ms" in r else f"{'-':>8}"
-        print(f"{r['context']:>8} {r['batch']:>5} {r['budget']:>6.1%} {r['spread']:>8} "
-              f"{r['radix_ms']:8.3f} {b} {r['torch_ms']:8.3f}")  # fmt: skip
+        ms = " ".join(f"{r[m + '_ms']:8.3f}" if m + "_ms" in r else f"{'-':>8}" for m in METHODS)
+        bad = [m for m in METHODS if r.get(m + "_same") is False]
+        print(f"{r['context']:>8} {r['batch']:>5} {r['budget']:>6.1%} {r['spread']:>8} {ms}"
+              + (f"  DIFFERENT: {bad}" if bad else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

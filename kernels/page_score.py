@@ -229,6 +229,59 @@ if HAS_TRITON:
         tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
 
     @triton.jit
+    def _select_probe_kernel(
+        S, LENS, BUDGETS, OUT, CNT, budget,
+        s_sb, s_sh, s_ob, s_oh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_BUDGETS: tl.constexpr, BITS: tl.constexpr,
+    ):  # fmt: skip
+        """The bisection's selection with BITS bits of the k-th largest key per round: the
+        2^BITS candidate thresholds of a round are counted in one block reduction of a
+        [2^BITS, BLOCK] comparison (32 / BITS rounds instead of 32), and the keys are
+        int32 (half the registers of the bisection's int64 ones: rows up to 32K pages)."""
+        bh = tl.program_id(0)
+        b = bh // HKV
+        h = bh % HKV
+        n_pages = tl.cdiv(tl.load(LENS + b), P)
+        if HAS_BUDGETS:
+            budget = tl.minimum(tl.load(BUDGETS + b), budget)
+        k = tl.minimum(budget, n_pages)
+        p = tl.arange(0, BLOCK)
+        valid = p < n_pages
+        # signed int32 keys in the scores' order (the sinks and the window: the largest);
+        # u = key + 2^31 is the same order unsigned, in [0, 2^32)
+        x = tl.load(S + b * s_sb + h * s_sh + p, mask=valid, other=0.0)
+        bits = x.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        forced = (p < SINKS) | (p >= n_pages - WINDOW)
+        key = tl.where(forced, 2147483647, key)
+        key = tl.where(valid, key, -2147483648)
+        # invariant: at least k keys have u >= prefix; each round fixes the next BITS bits
+        # of the largest such threshold (the k-th largest u) from the counts of its
+        # 2^BITS candidates (d = 0, the prefix itself, always qualifies)
+        d = tl.arange(0, 1 << BITS).to(tl.int64)
+        prefix = tl.zeros([], tl.int64)
+        for r in tl.static_range(32 // BITS):
+            shift: tl.constexpr = 32 - BITS * (r + 1)
+            thr = (prefix + (d << shift) - 2147483648).to(tl.int32)
+            n_at_least = tl.sum((key[None, :] >= thr[:, None]).to(tl.int32), 1)
+            best = tl.max(tl.where(n_at_least >= k, d, 0), 0)
+            prefix = prefix + (best << shift)
+        t = (prefix - 2147483648).to(tl.int32)
+        above = valid & (key > t)
+        tie = valid & (key == t)
+        ties_wanted = k - tl.sum(above.to(tl.int32), 0)
+        chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 0) - 1 < ties_wanted))
+        pos = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        out = OUT + b * s_ob + h * s_oh
+        tl.store(out + pos, p, mask=chosen & (pos < WIDTH))
+        written = tl.sum(chosen.to(tl.int32), 0)
+        tl.store(CNT + bh, written)
+        w = tl.arange(0, WIDTH_P2)
+        tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
+
+    @triton.jit
     def _sort_key(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
         x = tl.load(row + p, mask=p < n_pages, other=0.0)
         bits = x.to(tl.int32, bitcast=True)
@@ -400,10 +453,10 @@ def select_pages(
     lowest pages first). `budgets` [B] int (optional, each at most `budget`): each
     sequence's own budget (from its own length: a sequence selects the same pages whatever
     else is in its batch, and each query of a verification as if decoded alone).
-    `method`: "radix" or "bisect" (the Triton kernels; same output, ties to the lowest pages)
-    or "torch"; None on a GPU: the fastest of the three for this shape, timed once per shape
-    outside CUDA-graph capture (their speeds depend on the scores' spread and the row count,
-    so no fixed rule holds: docs/benchmarks.md)."""
+    `method`: "radix", "bisect" or "probe1"/"probe2"/"probe4" (the Triton kernels; same
+    output, ties to the lowest pages) or "torch"; None on a GPU: the fastest for this shape,
+    timed once per shape outside CUDA-graph capture (their speeds depend on the scores'
+    spread and the row count, so no fixed rule holds: docs/benchmarks.md)."""
     on = use_triton if use_triton is not None else scores.is_cuda
     if tail or width is None or not HAS_TRITON or not on:
         method = "torch"
@@ -413,11 +466,16 @@ def select_pages(
     if method == "torch":
         return select_pages_reference(scores, kv_lens, page_size, budget, sink_pages,
                                       window_pages, tail, generator, width, budgets)  # fmt: skip
+    if scores.shape[-1] > _MAX_PAGES.get(method, 1 << 62):
+        raise ValueError(f"select method {method!r} takes rows of at most "
+                         f"{_MAX_PAGES[method]} pages, not {scores.shape[-1]}")  # fmt: skip
     return _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
-                          budgets, bisect=method == "bisect")  # fmt: skip
+                          budgets, method)  # fmt: skip
 
 
 _METHODS: dict[tuple, str] = {}  # (rows, pages, budget, width) -> the fastest select method
+# the kernels that hold a whole row in registers: the longest row each takes
+_MAX_PAGES = {"bisect": 16384, "probe1": 32768, "probe2": 32768, "probe4": 32768}
 
 
 def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
@@ -426,7 +484,8 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
     key = (B * Hkv, M, budget, width)
     if key in _METHODS:
         return _METHODS[key]
-    candidates = ["radix", "torch"] + (["bisect"] if M <= 16384 else [])
+    candidates = ["torch"] + [m for m, most in _MAX_PAGES.items() if M <= most]
+    candidates += ["radix"] if M > 16384 else []  # (below, never the fastest: select_bench)
     if not scores.is_cuda or torch.cuda.is_current_stream_capturing():
         return "radix" if M <= 16384 else "torch"
     times = {}
@@ -448,7 +507,7 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
 
 
 def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
-                   budgets=None, bisect: bool = False):  # fmt: skip
+                   budgets=None, method: str = "radix"):  # fmt: skip
     B, Hkv, M = scores.shape
     assert kv_lens.dtype == torch.int32 and scores.dtype == torch.float32
     width = min(width, M)
@@ -456,7 +515,17 @@ def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages,
     counts = torch.empty(B, Hkv, dtype=torch.int32, device=scores.device)
     has = budgets is not None
     bud = budgets.to(torch.int32).contiguous() if has else counts
-    if bisect:
+    if method.startswith("probe"):
+        block = triton.next_power_of_2(max(M, 16))
+        _select_probe_kernel[(B * Hkv,)](
+            scores, kv_lens, bud, pages, counts, min(budget, M),
+            scores.stride(0), scores.stride(1), pages.stride(0), pages.stride(1),
+            HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages, WIDTH=width,
+            WIDTH_P2=triton.next_power_of_2(width), BLOCK=block, HAS_BUDGETS=has,
+            BITS=int(method[5:]), num_warps=min(32, max(4, block // 512)),
+        )  # fmt: skip
+        return pages, counts
+    if method == "bisect":
         block = triton.next_power_of_2(max(M, 16))
         _select_bisect_kernel[(B * Hkv,)](
             scores, kv_lens, bud, pages, counts, min(budget, M),

@@ -103,11 +103,11 @@ def test_stochastic_tail_adds_distinct_unselected_pages():
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["radix", "bisect"])
+@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4"])
 @pytest.mark.parametrize("M, budget, width", [(40, 6, 6), (300, 17, 20), (5000, 100, 100)])
 def test_select_kernel_matches_reference(M, budget, width, method):
-    """Triton top-k selection (radix histograms, or bisection with the row in registers)
-    against topk + sort: several
+    """Triton top-k selection (radix histograms, or bisection with the row in registers, one
+    bit or several per round) against topk + sort: several
     lengths per batch (one shorter than the budget, one of a single page), negative and
     positive scores, -inf past the pages as page_scores leaves them."""
     g = torch.Generator().manual_seed(M)
@@ -130,7 +130,7 @@ def test_select_kernel_matches_reference(M, budget, width, method):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["radix", "bisect"])
+@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4"])
 def test_select_kernel_breaks_ties_by_lowest_page(method):
     scores = torch.zeros(1, 2, 30)
     scores[0, 1, 20] = 1.0
@@ -140,6 +140,29 @@ def test_select_kernel_breaks_ties_by_lowest_page(method):
     assert counts.tolist() == [[6, 6]]
     assert pages[0, 0].tolist() == [0, 1, 2, 3, 28, 29, 0, 0]  # sink, 3 lowest ties, window
     assert pages[0, 1].tolist() == [0, 1, 2, 20, 28, 29, 0, 0]
+
+
+@needs_triton
+@pytest.mark.parametrize("method", ["bisect", "probe1", "probe2", "probe4"])
+def test_select_kernel_orders_extreme_scores(method):
+    """Keys across the whole float range (huge and tiny magnitudes of both signs, zeros):
+    the k-th largest key lands exactly, whatever its bits. (Distinct values: torch.topk,
+    the reference, orders ties arbitrarily; ties have their own test below. Scores are
+    finite within a sequence's pages, as page_scores gives them.)"""
+    g = torch.Generator().manual_seed(5)
+    M = 700
+    mag = 10 ** (torch.rand(2, 3, M, generator=g, dtype=torch.float64) * 76 - 38)
+    sign = torch.where(torch.rand(2, 3, M, generator=g) < 0.5, -1.0, 1.0)
+    scores = (sign * mag).float()
+    scores[0, 0, 100], scores[1, 2, 7] = 0.0, -0.0
+    lens = torch.tensor([M * 16, 300 * 16], dtype=torch.int32)
+    scores[1, :, 300:] = float("-inf")
+    for budget in (3, 4, 40, 350, 700):
+        args = (scores.to(DEVICE), lens.to(DEVICE), 16, budget)
+        got = select_pages(*args, width=budget, use_triton=True, method=method)
+        ref = select_pages(*args, width=budget, use_triton=False)
+        assert torch.equal(got[1].cpu(), ref[1].cpu()), budget
+        assert torch.equal(got[0].cpu(), ref[0].cpu()), budget
 
 
 @needs_triton
