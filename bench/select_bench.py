@@ -17,6 +17,7 @@ import torch
 
 METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "torch")
 
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -43,7 +44,7 @@ def main() -> None:
                     row = {"context": context, "batch": batch, "budget": frac, "spread": spread}
                     ref = select_pages(s, lens, 16, budget, width=budget, method="torch")
                     for m in METHODS:
-                        if M > _MAX_PAGES.get(m, M):
+                        if _MAX_PAGES.get(m, M) < M:
                             continue
                         try:
                             out = select_pages(s, lens, 16, budget, width=budget, method=m)
@@ -59,13 +60,18 @@ def main() -> None:
                         row[f"{m}_same"] = same
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    print(f"\n{'context':>8} {'batch':>5} {'budget':>6} {'scores':>8} "
-          + " ".join(f"{m:>8}" for m in METHODS) + "  (ms)")
+    print(
+        f"\n{'context':>8} {'batch':>5} {'budget':>6} {'scores':>8} "
+        + " ".join(f"{m:>8}" for m in METHODS)
+        + "  (ms)"
+    )
     for r in rows:
         ms = " ".join(f"{r[m + '_ms']:8.3f}" if m + "_ms" in r else f"{'-':>8}" for m in METHODS)
         bad = [m for m in METHODS if r.get(m + "_same") is False]
-        print(f"{r['context']:>8} {r['batch']:>5} {r['budget']:>6.1%} {r['spread']:>8} {ms}"
-              + (f"  DIFFERENT: {bad}" if bad else ""))
+        print(
+            f"{r['context']:>8} {r['batch']:>5} {r['budget']:>6.1%} {r['spread']:>8} {ms}"
+            + (f"  DIFFERENT: {bad}" if bad else "")
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

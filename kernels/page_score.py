@@ -484,7 +484,7 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
     key = (B * Hkv, M, budget, width)
     if key in _METHODS:
         return _METHODS[key]
-    candidates = ["torch"] + [m for m, most in _MAX_PAGES.items() if M <= most]
+    candidates = ["torch"] + [m for m, most in _MAX_PAGES.items() if most >= M]
     candidates += ["radix"] if M > 16384 else []  # (below, never the fastest: select_bench)
     if not scores.is_cuda or torch.cuda.is_current_stream_capturing():
         return "radix" if M <= 16384 else "torch"
