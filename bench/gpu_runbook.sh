@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (8 and 9 are the next session's first)
+#   bash bench/gpu_runbook.sh N
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -71,6 +71,36 @@ case "${1:-1}" in
     timeout 150 python3 -m bench.profile_decode --context 131072 --variant realistic \
         --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -12 "$OUT/profile.log" ;;
+10) # the probe top-k kernels (tests, then all methods timed) and the prefetch that no longer
+    # waits at the append (checks in graphs; 128K prefetch modes: issue 6)
+    timeout 90 python3 -m pytest -q tests/kernels/test_page_score.py -k "select or extreme" \
+        > "$OUT/select_tests.log" 2>&1; tail -2 "$OUT/select_tests.log"
+    timeout 120 python3 -m bench.select_bench --json "$OUT/select.json" > "$OUT/select.log" 2>&1 \
+        || echo "FAILED: $?"
+    tail -32 "$OUT/select.log"
+    timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/check.log"
+    timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_128k.log" ;;
+11) # 500K, batch 1, prefetch modes under the 24 GiB cap (issue 6's other context)
+    timeout 570 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants realistic worst --prefetch off forecast oracle \
+        --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_500k.log" ;;
+12) # where a decode step's time goes now (decode only), and batch-8 verification (issue 7)
+    timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
+        --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -3 "$OUT/profile.log"
+    timeout 220 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --json "$OUT/spec_verify_b8.json" \
+        > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b8.log"
+    timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 5GiB --graphs --json "$OUT/spec_verify_b1.json" \
+        > "$OUT/spec_verify_b1.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b1.log" ;;
 9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager
     # on the same inputs and in greedy speculation, then its wall time at 128K (issue 7)
     timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"

@@ -209,7 +209,8 @@ class TieredKV:
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
-        self._pending: dict[int, torch.cuda.Event] = {}
+        self._pending: dict[int, torch.cuda.Event | None] = {}
+        self._late: dict[int, tuple[torch.Tensor, ...]] = {}  # rows to write again (after_append)
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
@@ -248,12 +249,35 @@ class TieredKV:
         whose first row is written is a fresh page: its summary starts again. (Its slot, if
         it has one, stays: it still holds that page of that head, and rows are written in
         order, so every row a query can see is fresh.) No host round trip. `distinct`: the
-        rows fall in distinct pages (a decode step), so one kernel does it all on a GPU."""
-        self._join(layer)
+        rows fall in distinct pages (a decode step), so one kernel does it all on a GPU.
+
+        A decode step does not wait here for this layer's prefetch (on the side stream since
+        the layer before): the exact selection runs beside it, and the wait comes just
+        before the slots are allocated (`_finish_prefetch`). That is safe because the
+        prefetch lists the pages these rows go to (the window pages, always selected), so
+        it never evicts their slots; a slot it fills for one of them may miss this row
+        (the row reached the host tier during the gather), so the rows are written to their
+        slots again after the wait."""
         fold = not self.defer_summaries
-        tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer],
-                    pages.to(self.device), offsets.to(self.device), self.rows, fold,
+        late = distinct and fold and layer in self._pending and self.sparse.window_pages >= 1
+        if not late:
+            self._join(layer)
+        pages, offsets = pages.to(self.device), offsets.to(self.device)
+        tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer], pages,
+                    offsets, self.rows, fold,
                     use_triton=None if (distinct or not fold) else False)  # fmt: skip
+        if late:
+            self._late[layer] = (k, v, pages, offsets)
+
+    def _finish_prefetch(self, layer: int) -> None:
+        """Wait for `layer`'s prefetch (if still pending) and write the step's rows again
+        into whatever slots their pages now have (see after_append)."""
+        self._join(layer)
+        late = self._late.pop(layer, None)
+        if late is not None:
+            k, v, pages, offsets = late
+            tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer], pages,
+                        offsets, self.rows, False)  # fmt: skip
 
     def fold_rows(self, pages: list[int], offsets: list[int]) -> None:
         """Fold rows already in the host tier (a verification's accepted positions, in
@@ -299,6 +323,8 @@ class TieredKV:
         if layer == 0:
             self.clock += 1
         predicted = self._predicted.pop(layer, None)
+        if sp.forecast_only:  # the prediction is the selection: wait for it now
+            self._finish_prefetch(layer)
         if sp.forecast_only and predicted is not None:
             self._group_selection = predicted[2:] + (None,)
         elif layer % sp.layer_group == 0 or self._group_selection is None:
@@ -323,6 +349,7 @@ class TieredKV:
         page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
         units = page_ids.view(B, Hkv, -1) * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
         valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
+        self._finish_prefetch(layer)  # (the prefetch shares the slot tables)
         if predicted is not None and not sp.forecast_only:  # recall@k against the exact pages
             p_ids, p_valid = predicted[:2]
             same = (page_ids.view(B, Hkv, -1)[..., :, None] == p_ids[..., None, :]) & p_valid[
@@ -468,26 +495,38 @@ class TieredKV:
             return
         tables, lens = ctx.tier_tables, ctx.tier_lens
         B = tables.shape[0]
+        scores = None
         if sp.synthetic is not None:
             # benchmarks (dummy weights): draw the next layer's synthetic selection now; the
             # prediction is that selection with each page kept with probability
-            # `synthetic_recall` (the rest of the budget goes to other pages)
+            # `synthetic_recall` (the rest of the budget goes to other pages). (Random draws
+            # stay on the main stream.)
             exact = self._synthetic_scores(nxt, tables)
             self._synthetic_next[nxt] = exact
             miss = torch.rand(exact.shape, device=self.device) >= sp.synthetic_recall
-            q, scores = residual.new_zeros(B, 1, 1, self.D), exact - 4.0 * miss.float()
-        else:
-            q = self.forecast.query(nxt, residual, ctx)
-            q, scores = q.view(B, q.shape[0] // B, *q.shape[1:]), None
-        if self._side is None:
+            scores = exact - 4.0 * miss.float()
+
+        def predict_and_fetch() -> None:
+            if scores is not None:
+                q = residual.new_zeros(B, 1, 1, self.D)
+            else:
+                q = self.forecast.query(nxt, residual, ctx)
+                q = q.view(B, q.shape[0] // B, *q.shape[1:])
             self.prefetch(nxt, q, tables, lens, scores)
+
+        if self._side is None:  # (inline; still "pending", so a CPU run takes the same path)
+            predict_and_fetch()
+            self._pending[nxt] = None
             return
+        # everything the prediction and the fetch do runs on the side stream, beside the
+        # main stream's MLP, the next layer's projections and its exact selection
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
-            self.prefetch(nxt, q, tables, lens, scores)
-        for t in (q, tables, lens) + (() if scores is None else (scores,)):
-            t.record_stream(self._side)
+            predict_and_fetch()
+        for t in (residual, tables, lens, ctx.cos, ctx.sin, scores):
+            if t is not None:
+                t.record_stream(self._side)
         done = torch.cuda.Event()
         done.record(self._side)
         self._pending[nxt] = done

@@ -102,3 +102,35 @@ def test_deferred_rows_fold_and_dropped_pages_leave_every_layer():
         assert int(t.slot_of[layer, 7 * Hkv]) >= 0
     assert t.stats.dropped == 2 * t.L
     check_consistent(t, host)
+
+
+def test_rows_appended_beside_a_prefetch_reach_the_slot_it_filled():
+    """A decode step does not wait for the layer's prefetch before appending its rows (the
+    prefetch runs on a side stream on a GPU): here the prefetch's gather copies the fresh
+    last page from the host before the step's row is there, as it can on a GPU, and the
+    row must still be in that slot once the step attends (written again after the wait).
+    The prefetch lists the page (a window page), so it never evicts the page's slot."""
+    t, host = make(num_slots=24, pages=12, L=1)
+    t.forecast = object()  # hits and waste are counted as with a Forecast
+    P, Hkv, D = t.P, t.Hkv, t.D
+    tables = torch.arange(12, dtype=torch.int32)[None]
+    lens = torch.tensor([10 * P + 1], dtype=torch.int32)  # the row at offset 0 of page 10
+    t.fold_rows([p for p in range(10) for _ in range(P)], list(range(P)) * 10)  # summaries
+    t.end_step(max_len=int(lens[0]))
+    t.clock += 1
+    q = torch.randn(1, 1, Hkv, D)
+    t.prefetch(0, q, tables, lens)  # the gather runs first: page 10 has no row 0 yet
+    t._pending[0] = None  # as after_attention leaves it on a CPU
+    unit = 10 * Hkv + torch.arange(Hkv)
+    assert (t.slot_of[0, unit] >= 0).all()  # the fresh page was prefetched
+    k, v = torch.randn(1, Hkv, D), torch.randn(1, Hkv, D)
+    host[0, 10, :, 0, 0], host[0, 10, :, 1, 0] = k[0], v[0]  # the row reaches the host
+    t.after_append(0, k, v, torch.tensor([10]), torch.tensor([0]), distinct=True)
+    assert 0 in t._late  # no wait at the append
+    slots = t.slot_of[0, unit].long()
+    t.slots[0, slots, :, 0] = 0.0  # what the gather may have copied before the row landed
+    t.attend(0, torch.randn(1, 1, Hkv, D), tables, lens, D**-0.5)
+    assert not t._late and not t._pending
+    assert torch.equal(t.slot_of[0, unit].long(), slots)  # the page kept its slots
+    assert torch.equal(t.slots[0, slots, 0, 0], k[0]) and torch.equal(t.slots[0, slots, 1, 0], v[0])
+    check_consistent(t, host)
