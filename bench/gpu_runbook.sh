@@ -101,6 +101,17 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --json "$OUT/spec_verify_b1.json" \
         > "$OUT/spec_verify_b1.log" 2>&1 || echo "FAILED: $?"
     tail -4 "$OUT/spec_verify_b1.log" ;;
+13) # the probe top-k kernels after their compile fix (tests, timed against bisection and
+    # radix), then where a 128K worst-case decode step's time goes, with and without prefetch
+    timeout 60 python3 -m pytest -q tests/kernels/test_page_score.py -k "select or extreme" \
+        > "$OUT/select_tests.log" 2>&1; tail -2 "$OUT/select_tests.log"
+    timeout 70 python3 -m bench.select_bench --contexts 131072 500000 --budgets 0.02 \
+        --methods radix bisect probe1 probe2 probe4 --json "$OUT/select.json" \
+        > "$OUT/select.log" 2>&1 || echo "FAILED: $?"
+    tail -11 "$OUT/select.log"
+    timeout 130 python3 -m bench.profile_decode --context 131072 --variant worst \
+        --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -3 "$OUT/profile.log" ;;
 9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager
     # on the same inputs and in greedy speculation, then its wall time at 128K (issue 7)
     timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"

@@ -5,7 +5,8 @@ tokens in 16-token pages, 2% and 0.2% budgets), for two score spreads: standard 
 (spread exponents) and uniform in [0, 2) (one magnitude: the synthetic selections of the
 benchmarks, and Quest bounds of one layer are alike). All give the same pages.
 
-python3 -m bench.select_bench [--json out.json]
+python3 -m bench.select_bench [--contexts 32768 131072 500000] [--budgets 0.02 0.002]
+    [--methods radix bisect probe1 probe2 probe4 torch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "torch")
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 500000])
+    ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.002])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--json")
     args = ap.parse_args()
     import triton.testing
@@ -27,11 +31,11 @@ def main() -> None:
     from kernels.page_score import _MAX_PAGES, select_pages
 
     rows = []
-    for context in (32768, 131072, 500000):
+    for context in args.contexts:
         M = context // 16
         # (40 rows of 8 heads: a batch-8 verification of k = 4, each query its own row)
         for batch in (1, 8, 40) if context == 131072 else (1, 8):
-            for frac in (0.02, 0.002):
+            for frac in args.budgets:
                 budget = max(4, round(frac * M))
                 for spread in ("normal", "uniform"):
                     g = torch.Generator(device="cuda").manual_seed(0)
@@ -43,7 +47,7 @@ def main() -> None:
                     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
                     row = {"context": context, "batch": batch, "budget": frac, "spread": spread}
                     ref = select_pages(s, lens, 16, budget, width=budget, method="torch")
-                    for m in METHODS:
+                    for m in args.methods:
                         if _MAX_PAGES.get(m, M) < M:
                             continue
                         try:

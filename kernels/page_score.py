@@ -263,7 +263,7 @@ if HAS_TRITON:
         d = tl.arange(0, 1 << BITS).to(tl.int64)
         prefix = tl.zeros([], tl.int64)
         for r in tl.static_range(32 // BITS):
-            shift: tl.constexpr = 32 - BITS * (r + 1)
+            shift = 32 - BITS * (r + 1)
             thr = (prefix + (d << shift) - 2147483648).to(tl.int32)
             n_at_least = tl.sum((key[None, :] >= thr[:, None]).to(tl.int32), 1)
             best = tl.max(tl.where(n_at_least >= k, d, 0), 0)
