@@ -48,14 +48,18 @@ def gather_pages(
     dst: torch.Tensor,
     src_units: torch.Tensor,
     dst_units: torch.Tensor,
-    max_programs: int = 32,
+    max_programs: int | None = None,
     block: int = 1024,
     use_triton: bool | None = None,
 ) -> None:
     """dst[dst_units[i]] = src[src_units[i]] for every i with dst_units[i] >= 0 (entries of
     -1 are skipped: a fixed-size list that needs no host round trip). src [U, 2, P, D] may be
     pinned host memory (read through UVA) when dst is on the GPU; indices are int32 on dst's
-    device."""
+    device. `max_programs`: None takes half the GPU's SMs (66 on an H200). Each program
+    waits for one block's PCIe round trip at a time, so the bandwidth follows the program
+    count: 33.7 / 49.6 GB/s with 32 / 66 programs for 4 KB pages, 49.6 with 132, against a
+    55.4 GB/s cudaMemcpy ceiling (H200, docs/benchmarks.md); the engine's 128K worst-case
+    decode ran its gathers at ~28 GB/s with 32 (profile, same document)."""
     _units(src), _units(dst)
     assert src.shape[1:] == dst.shape[1:] and src.dtype == dst.dtype
     assert src_units.shape == dst_units.shape and src_units.dtype == torch.int32
@@ -72,11 +76,22 @@ def gather_pages(
         assert INTERPRET or src.device == dst.device
         src_arg = src
     E = src[0].numel()
+    if max_programs is None:
+        max_programs = _half_the_sms(dst.device) if on_gpu else 32
     nprog = max(1, min(max_programs, n))
     _gather_kernel[(nprog,)](
         src_arg, dst, src_units, dst_units, n, E=E, BLOCK=min(block, triton.next_power_of_2(E)),
         NPROG=nprog,
     )  # fmt: skip
+
+
+_SMS: dict = {}
+
+
+def _half_the_sms(device: torch.device) -> int:
+    if device not in _SMS:
+        _SMS[device] = max(1, torch.cuda.get_device_properties(device).multi_processor_count // 2)
+    return _SMS[device]
 
 
 def gather_reference(
