@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N
+#   bash bench/gpu_runbook.sh N    (14 and 15 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -111,6 +111,31 @@ case "${1:-1}" in
     tail -11 "$OUT/select.log"
     timeout 130 python3 -m bench.profile_decode --context 131072 --variant worst \
         --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -3 "$OUT/profile.log" ;;
+14) # next session first: the staged prefetch (engine/kv/tiers.py: the side stream copies
+    # predicted pages into a stage; the step waits only at its own fetch) and the gather on
+    # half the SMs, neither run on a GPU yet: the checks (graphs == eager == no prefetch),
+    # the gather kernel tests, then 128K prefetch modes (issue 6)
+    timeout 60 python3 -m pytest -q tests/kernels/test_tier_kernels.py tests/kernels/test_tier_alloc.py \
+        > "$OUT/kernels.log" 2>&1; tail -2 "$OUT/kernels.log"
+    timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/check.log"
+    timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_128k.log"
+    timeout 120 python3 -m bench.select_bench --contexts 500000 --budgets 0.02 \
+        --methods radix probe1 probe2 --json "$OUT/select_500k.json" > "$OUT/select.log" 2>&1 \
+        || echo "FAILED: $?"
+    tail -5 "$OUT/select.log" ;;
+15) # then: 500K prefetch modes with the staged prefetch, the half-SM gather and the probe
+    # top-k (rows past 16K pages), and where a worst-case step's time goes with prefetch
+    timeout 450 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants realistic worst --prefetch off forecast oracle \
+        --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_500k.log"
+    timeout 130 python3 -m bench.profile_decode --context 131072 --variant worst \
+        --prefetch forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/profile.log" ;;
 9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager
     # on the same inputs and in greedy speculation, then its wall time at 128K (issue 7)

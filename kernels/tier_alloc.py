@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HAS_TRITON
-from kernels.uva_gather import gather_pages
+from kernels.uva_gather import NOT_STAGED, gather_pages
 
 NEVER = torch.iinfo(torch.long).max
 NO_CLAIM = torch.iinfo(torch.long).max
@@ -180,16 +180,24 @@ def allocate(
     counters: dict[str, int],
     prefetch: bool = False,
     use_triton: bool | None = None,
+    stage: tuple[torch.Tensor, torch.Tensor] | None = None,
+    before_gather=None,
 ) -> torch.Tensor:
     """Make `units` [n] int64 resident where `valid` [n] bool (the others read the scratch
     slot). Returns their slots [n] int32.
     `counters`: the indices in `acc` of fetched, evicted, and prefetched (prefetch) or
     demand_fetched, locality_hits, locality_total and prefetch_waste (a demand step:
     prefetched pages its fills replace unread). A prefetch neither
-    marks its slots as read nor counts locality; it marks them in `st.prefetched`."""
+    marks its slots as read nor counts locality; it marks them in `st.prefetched`.
+    `stage`: (rows [R, 2, P, D], stage_of [U + 1] int32) of units a Forecast prefetch has
+    already copied to the device (kernels.uva_gather): those fill their slots from there,
+    and count as prefetch hits instead of fetches. `before_gather`: called just before the
+    first read of the stage (the wait for the prefetch's stream), so everything before it
+    runs beside the prefetch."""
     on = use_triton if use_triton is not None else (units.is_cuda and GPU_KERNELS)
     if not (HAS_TRITON and on):
-        return allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch)
+        return allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch,
+                                  stage, before_gather)  # fmt: skip
     n, dev = units.numel(), units.device
     S1 = st.unit_in.shape[0]
     # the callers' capacity check: a step never reads more units than there are slots
@@ -219,7 +227,7 @@ def allocate(
         src, dst, acc, n, counters["fetched"], counters["evicted"], extra,
         counters.get("prefetch_waste", 0), BLOCK=B, PREFETCH=prefetch,
     )  # fmt: skip
-    gather_pages(st.host_units, st.slots, src, dst)
+    _gather(st, src, dst, acc, counters, stage, before_gather)
     out = torch.empty(n, dtype=torch.int32, device=dev)
     _finish_kernel[(triton.cdiv(n, B),)](u, st.slot_of, st.last_used, st.uses, clock, claim,
                                          out, n, st.scratch_slot, BLOCK=B,
@@ -227,7 +235,25 @@ def allocate(
     return out
 
 
-def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=False):
+def _gather(st, src, dst, acc, counters, stage, before_gather) -> None:
+    """The fetch list's gather (src units -> dst slots, -1: none), from the stage where a
+    prefetch put the unit: those count as prefetch hits, not as fetches on the critical
+    path (the prefetch counted their transfer)."""
+    if before_gather is not None:
+        before_gather()
+    if stage is None:
+        gather_pages(st.host_units, st.slots, src, dst)
+        return
+    rows, stage_of = stage
+    gather_pages(st.host_units, st.slots, src, dst, stage=rows, stage_of=stage_of)
+    hits = ((dst >= 0) & (stage_of[src.long()] != NOT_STAGED)).sum()
+    acc[counters["prefetch_hits"]] += hits
+    for name in ("fetched", "demand_fetched", "prefetch_waste"):
+        acc[counters[name]] -= hits
+
+
+def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=False,
+                       stage=None, before_gather=None):  # fmt: skip
     """The same in torch ops (the CPU engine's path)."""
     dev, n = units.device, units.numel()
     slot_of, unit_in, last_used, uses = st.slot_of, st.unit_in, st.last_used, st.uses
@@ -254,12 +280,16 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=F
     slot_of[scratch_unit].fill_(scratch_slot)
     unit_in[dst] = torch.where(owner, u, scratch_unit)
     uses.index_fill_(0, dst, 0)
-    gather_pages(st.host_units, st.slots, torch.where(owner, u, 0).to(torch.int32),
-                 torch.where(owner, dst, -1).to(torch.int32))  # fmt: skip
     slot = slot_of[u].long()
     c = counters
+    # (the counts first: _gather takes the staged units' fetches back)
+    _count(acc, (c["fetched"], c["evicted"]), (owner, evicted))
+    if not prefetch:
+        _count(acc, (c["demand_fetched"],), (owner,))
+    _gather(st, torch.where(owner, u, 0).to(torch.int32), torch.where(owner, dst, -1).to(torch.int32),
+            acc, counters, stage, before_gather)  # fmt: skip
     if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
-        _count(acc, (c["fetched"], c["evicted"], c["prefetched"]), (owner, evicted, owner))
+        _count(acc, (c["prefetched"],), (owner,))
         pf = st.prefetched
         pf.index_put_((dst,), owner)
         # not read yet: no recency (not the evicted page's), first to go if unused
@@ -273,8 +303,7 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=F
     st.prefetched.index_fill_(0, refill, False)
     # locality: valid units that this layer also read at the step before
     hit = valid & ~missing & (last_used[slot] == clock - 1)
-    _count(acc, (c["fetched"], c["evicted"], c["demand_fetched"], c["locality_hits"],
-                 c["locality_total"]), (owner, evicted, owner, hit, valid))  # fmt: skip
+    _count(acc, (c["locality_hits"], c["locality_total"]), (hit, valid))
     # (index_fill_ with a tensor value reads it on the host: not in a CUDA graph)
     last_used.index_put_((slot,), clock.expand(slot.shape))
     uses.index_add_(0, slot, torch.ones_like(slot))

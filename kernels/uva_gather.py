@@ -17,14 +17,17 @@ import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
 
+NOT_STAGED = 2**31 - 1  # a stage table's entry for a unit that no prefetch staged
+
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     @triton.jit
     def _gather_kernel(
-        SRC, DST, SRC_IDX, DST_IDX, n,
-        E: tl.constexpr, BLOCK: tl.constexpr, NPROG: tl.constexpr,
+        SRC, DST, SRC_IDX, DST_IDX, STAGE, STAGE_OF, n,
+        E: tl.constexpr, BLOCK: tl.constexpr, NPROG: tl.constexpr, HAS_STAGE: tl.constexpr,
+        NONE: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         o = tl.arange(0, BLOCK)
@@ -32,10 +35,19 @@ if HAS_TRITON:
             s = tl.load(SRC_IDX + i).to(tl.int64)
             d = tl.load(DST_IDX + i).to(tl.int64)
             if d >= 0:  # -1: an unused entry of a fixed-size list
-                for off in range(0, E, BLOCK):
-                    m = off + o < E
-                    x = tl.load(SRC + s * E + off + o, mask=m)
-                    tl.store(DST + d * E + off + o, x, mask=m)
+                r = tl.full([], NONE, tl.int64)
+                if HAS_STAGE:
+                    r = tl.load(STAGE_OF + s).to(tl.int64)
+                if r != NONE:  # already on the device (a prefetch staged it)
+                    for off in range(0, E, BLOCK):
+                        m = off + o < E
+                        x = tl.load(STAGE + r * E + off + o, mask=m)
+                        tl.store(DST + d * E + off + o, x, mask=m)
+                else:
+                    for off in range(0, E, BLOCK):
+                        m = off + o < E
+                        x = tl.load(SRC + s * E + off + o, mask=m)
+                        tl.store(DST + d * E + off + o, x, mask=m)
 
 
 def _units(pool: torch.Tensor) -> torch.Tensor:
@@ -51,6 +63,8 @@ def gather_pages(
     max_programs: int | None = None,
     block: int = 1024,
     use_triton: bool | None = None,
+    stage: torch.Tensor | None = None,
+    stage_of: torch.Tensor | None = None,
 ) -> None:
     """dst[dst_units[i]] = src[src_units[i]] for every i with dst_units[i] >= 0 (entries of
     -1 are skipped: a fixed-size list that needs no host round trip). src [U, 2, P, D] may be
@@ -59,7 +73,11 @@ def gather_pages(
     waits for one block's PCIe round trip at a time, so the bandwidth follows the program
     count: 33.7 / 49.6 GB/s with 32 / 66 programs for 4 KB pages, 49.6 with 132, against a
     55.4 GB/s cudaMemcpy ceiling (H200, docs/benchmarks.md); the engine's 128K worst-case
-    decode ran its gathers at ~28 GB/s with 32 (profile, same document)."""
+    decode ran its gathers at ~28 GB/s with 32 (profile, same document).
+
+    `stage` [R, 2, P, D] on dst's device and `stage_of` [U] int32: units that a prefetch
+    has already copied to the device (stage_of[unit] = its row, NOT_STAGED otherwise) are
+    copied from there instead of the host."""
     _units(src), _units(dst)
     assert src.shape[1:] == dst.shape[1:] and src.dtype == dst.dtype
     assert src_units.shape == dst_units.shape and src_units.dtype == torch.int32
@@ -68,7 +86,7 @@ def gather_pages(
         return
     on_gpu = dst.is_cuda
     if not (HAS_TRITON and (use_triton if use_triton is not None else on_gpu)):
-        gather_reference(src, dst, src_units, dst_units)
+        gather_reference(src, dst, src_units, dst_units, stage, stage_of)
         return
     if on_gpu and not src.is_cuda:
         src_arg = host_pointer(src)
@@ -79,9 +97,11 @@ def gather_pages(
     if max_programs is None:
         max_programs = _half_the_sms(dst.device) if on_gpu else 32
     nprog = max(1, min(max_programs, n))
+    has = stage is not None
     _gather_kernel[(nprog,)](
-        src_arg, dst, src_units, dst_units, n, E=E, BLOCK=min(block, triton.next_power_of_2(E)),
-        NPROG=nprog,
+        src_arg, dst, src_units, dst_units, stage if has else dst,
+        stage_of if has else dst_units, n, E=E, BLOCK=min(block, triton.next_power_of_2(E)),
+        NPROG=nprog, HAS_STAGE=has, NONE=NOT_STAGED,
     )  # fmt: skip
 
 
@@ -95,12 +115,18 @@ def _half_the_sms(device: torch.device) -> int:
 
 
 def gather_reference(
-    src: torch.Tensor, dst: torch.Tensor, src_units: torch.Tensor, dst_units: torch.Tensor
-) -> None:
+    src: torch.Tensor, dst: torch.Tensor, src_units: torch.Tensor, dst_units: torch.Tensor,
+    stage: torch.Tensor | None = None, stage_of: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     keep = dst_units >= 0
     src_units, dst_units = src_units[keep], dst_units[keep]
-    rows = src.index_select(0, src_units.to(src.device).long())
-    dst.index_copy_(0, dst_units.to(dst.device).long(), rows.to(dst.device))
+    rows = src.index_select(0, src_units.to(src.device).long()).to(dst.device)
+    if stage is not None:
+        r = stage_of[src_units.to(stage_of.device).long()].long()
+        staged = r != NOT_STAGED
+        rows = torch.where(staged[:, None, None, None],
+                           stage[torch.where(staged, r, 0)], rows)  # fmt: skip
+    dst.index_copy_(0, dst_units.to(dst.device).long(), rows)
 
 
 def gather_copy_engine(

@@ -29,10 +29,13 @@ verification fold into the summaries only once accepted (`fold_rows`); pages of 
 positions leave the page table and the GPU tier (`drop_pages`).
 
 Forecast prefetch (engine.kv.forecast): after layer l's attention, `after_attention`
-predicts layer l+1's selection from the residual stream and fetches its missing pages (on a
-side stream on a GPU, joined before layer l+1's append); layer l+1 then selects exactly and
-fetches only what the prediction missed. Counters: recall of the prediction, prefetch hits,
-waste, and the fetches left on the critical path.
+predicts layer l+1's selection from the residual stream and copies its missing pages from
+the host into a stage on the device (on a side stream on a GPU). Layer l+1 selects exactly
+and allocates its slots meanwhile, waits for the prefetch only at its fetch, and then fills
+its missing slots from the stage where the prediction got them, from the host otherwise.
+The prefetch never touches the slots or the page table, so nothing else waits for it.
+Counters: recall of the prediction, prefetch hits, waste, and the fetches left on the
+critical path.
 
 Everything in a decode step runs on the device with fixed shapes (slot allocation and
 eviction included), so the step can be captured in a CUDA graph.
@@ -52,6 +55,7 @@ from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
 from kernels.sparse_decode import sparse_decode_attention
 from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
+from kernels.uva_gather import NOT_STAGED, gather_pages
 
 
 @dataclass
@@ -210,7 +214,12 @@ class TieredKV:
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event | None] = {}
-        self._late: dict[int, tuple[torch.Tensor, ...]] = {}  # rows to write again (after_append)
+        # the prefetch's stage: rows of units copied ahead to the device, and per unit its
+        # row (NOT_STAGED: none; one table for every layer, reset once a layer's step has
+        # used it); `_staged[layer]`: the units a pending prefetch listed
+        self.stage: torch.Tensor | None = None
+        self.stage_of = torch.full((units + 1,), NOT_STAGED, dtype=torch.int32, device=device)
+        self._staged: dict[int, torch.Tensor] = {}
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
@@ -237,6 +246,9 @@ class TieredKV:
         self._acc.zero_()
         self.recall_by_layer.zero_()
         self.prefetched.zero_()
+        for stale in self._staged.values():
+            self.stage_of.index_fill_(0, stale, NOT_STAGED)
+        self._staged.clear()
         self._predicted.clear()
         self._synthetic_next.clear()
 
@@ -250,34 +262,12 @@ class TieredKV:
         it has one, stays: it still holds that page of that head, and rows are written in
         order, so every row a query can see is fresh.) No host round trip. `distinct`: the
         rows fall in distinct pages (a decode step), so one kernel does it all on a GPU.
-
-        A decode step does not wait here for this layer's prefetch (on the side stream since
-        the layer before): the exact selection runs beside it, and the wait comes just
-        before the slots are allocated (`_finish_prefetch`). That is safe because the
-        prefetch lists the pages these rows go to (the window pages, always selected), so
-        it never evicts their slots; a slot it fills for one of them may miss this row
-        (the row reached the host tier during the gather), so the rows are written to their
-        slots again after the wait."""
+        (No wait for a pending prefetch: it never writes the slots, the page table or the
+        summaries, and it leaves out the pages these rows go to.)"""
         fold = not self.defer_summaries
-        late = distinct and fold and layer in self._pending and self.sparse.window_pages >= 1
-        if not late:
-            self._join(layer)
-        pages, offsets = pages.to(self.device), offsets.to(self.device)
-        tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer], pages,
-                    offsets, self.rows, fold,
+        tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer],
+                    pages.to(self.device), offsets.to(self.device), self.rows, fold,
                     use_triton=None if (distinct or not fold) else False)  # fmt: skip
-        if late:
-            self._late[layer] = (k, v, pages, offsets)
-
-    def _finish_prefetch(self, layer: int) -> None:
-        """Wait for `layer`'s prefetch (if still pending) and write the step's rows again
-        into whatever slots their pages now have (see after_append)."""
-        self._join(layer)
-        late = self._late.pop(layer, None)
-        if late is not None:
-            k, v, pages, offsets = late
-            tier_append(k, v, self.slots[layer], self.slot_of[layer], self.summ[layer], pages,
-                        offsets, self.rows, False)  # fmt: skip
 
     def fold_rows(self, pages: list[int], offsets: list[int]) -> None:
         """Fold rows already in the host tier (a verification's accepted positions, in
@@ -324,7 +314,7 @@ class TieredKV:
             self.clock += 1
         predicted = self._predicted.pop(layer, None)
         if sp.forecast_only:  # the prediction is the selection: wait for it now
-            self._finish_prefetch(layer)
+            self._join(layer)
         if sp.forecast_only and predicted is not None:
             self._group_selection = predicted[2:] + (None,)
         elif layer % sp.layer_group == 0 or self._group_selection is None:
@@ -349,8 +339,12 @@ class TieredKV:
         page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
         units = page_ids.view(B, Hkv, -1) * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
         valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
-        self._finish_prefetch(layer)  # (the prefetch shares the slot tables)
-        if predicted is not None and not sp.forecast_only:  # recall@k against the exact pages
+        if qmask is not None and not sp.verify_shared_fetch:  # the per-query way (benchmarks)
+            for t in range(T):
+                mine = valid & (((qmask >> t) & 1) != 0)
+                self._ensure_resident(layer, units.reshape(-1), mine.reshape(-1))
+        slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
+        if predicted is not None and not sp.forecast_only:  # recall@k (after the prefetch's wait)
             p_ids, p_valid = predicted[:2]
             same = (page_ids.view(B, Hkv, -1)[..., :, None] == p_ids[..., None, :]) & p_valid[
                 ..., None, :
@@ -360,11 +354,6 @@ class TieredKV:
             self._acc[_C["recall_total"]] += total
             self.recall_by_layer[layer, 0] += hits
             self.recall_by_layer[layer, 1] += total
-        if qmask is not None and not sp.verify_shared_fetch:  # the per-query way (benchmarks)
-            for t in range(T):
-                mine = valid & (((qmask >> t) & 1) != 0)
-                self._ensure_resident(layer, units.reshape(-1), mine.reshape(-1))
-        slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         out = sparse_decode_attention(
             q.contiguous(), self.slots[layer], slots.view(B, Hkv, width), pages.to(torch.int32),
             counts, kv_lens.to(torch.int32), scale, qmask=qmask,
@@ -512,14 +501,14 @@ class TieredKV:
             else:
                 q = self.forecast.query(nxt, residual, ctx)
                 q = q.view(B, q.shape[0] // B, *q.shape[1:])
-            self.prefetch(nxt, q, tables, lens, scores)
+            self.prefetch(nxt, q, tables, lens, scores, rows=residual.shape[0] // B)
 
         if self._side is None:  # (inline; still "pending", so a CPU run takes the same path)
             predict_and_fetch()
             self._pending[nxt] = None
             return
-        # everything the prediction and the fetch do runs on the side stream, beside the
-        # main stream's MLP, the next layer's projections and its exact selection
+        # everything the prediction and the staging do runs on the side stream, beside the
+        # main stream's MLP and the next layer's projections, selection and slot allocation
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
@@ -532,51 +521,71 @@ class TieredKV:
         self._pending[nxt] = done
 
     def _join(self, layer: int) -> None:
-        """The main stream waits for the prefetch of `layer` (it shares the page table)."""
+        """The main stream waits for the prefetch of `layer` (before it reads the stage)."""
         done = self._pending.pop(layer, None)
         if done is not None:
             torch.cuda.current_stream(self.device).wait_event(done)
 
     def prefetch(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-                 kv_lens: torch.Tensor, scores: torch.Tensor | None = None) -> None:  # fmt: skip
-        """Select `layer`'s pages for the predicted queries q [B, T, Hq, D] and make them
-        resident (the exact selection at that layer will read what it needs regardless)."""
+                 kv_lens: torch.Tensor, scores: torch.Tensor | None = None,
+                 rows: int = 1) -> None:  # fmt: skip
+        """Select `layer`'s pages for the predicted queries q [B, T, Hq, D] and copy the
+        missing ones from the host to the stage, on the device (the exact step at that layer
+        fills its slots from there and fetches only what the prediction missed). It never
+        touches the slots or the page table, so the main stream runs beside it up to its
+        own fetch; the pages that this step's `rows` rows per sequence go to are left out
+        (their host copy is being written)."""
         B, Hkv = q.shape[0], self.Hkv
+        for stale in self._staged.values():  # a step that never reached its fetch
+            self.stage_of.index_fill_(0, stale, NOT_STAGED)
+        self._staged.clear()
         scale = q.shape[-1] ** -0.5
         pages, counts = self._select(layer, q, block_tables, kv_lens, scale, scores)
         width = pages.shape[-1]
         if B * Hkv * width > self.num_slots:
             return  # the exact step will say so
+        dev = q.device
         page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
         page_ids = page_ids.view(B, Hkv, width)
-        units = page_ids * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
-        valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
+        units = page_ids * Hkv + torch.arange(Hkv, device=dev)[None, :, None]
+        valid = torch.arange(width, device=dev)[None, None, :] < counts[..., None]
         self._predicted[layer] = (page_ids, valid, pages, counts)
-        self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1), prefetch=True)
+        written = pages >= ((kv_lens.long() - rows) // self.P)[:, None, None]
+        if self.stage is None:
+            self.stage = torch.empty(self.num_slots + 1, 2, self.P, self.D,
+                                     dtype=self.slots.dtype, device=self.device)  # fmt: skip
+        # each missing unit once (its first listing), staged at its entry's row
+        u = units.reshape(-1)
+        want = (valid & ~written).reshape(-1)
+        want &= self.slot_of[layer][torch.where(want, u, self.scratch_unit)] < 0
+        at = torch.where(want, u, self.scratch_unit)
+        idx = torch.arange(u.numel(), device=dev, dtype=torch.int32)
+        self.stage_of.scatter_reduce_(0, at, idx, "amin")
+        first = want & (self.stage_of[at] == idx)
+        gather_pages(self.host_units[layer], self.stage, torch.where(first, u, 0).to(torch.int32),
+                     torch.where(first, idx, -1))  # fmt: skip
+        n = first.sum()
+        for name in ("fetched", "prefetched", "prefetch_waste"):  # (waste until used)
+            self._acc[_C[name]] += n
+        self._staged[layer] = at
 
-    def _ensure_resident(
-        self, layer: int, units: torch.Tensor, valid: torch.Tensor, prefetch: bool = False
-    ) -> torch.Tensor:
+    def _ensure_resident(self, layer: int, units: torch.Tensor,
+                         valid: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """Slots [N] int32 of `units` [N] (entries where `valid` is false read the scratch
         slot); every valid unit is resident afterwards. Missing units take the least valuable
         slots that this step does not read (free ones first, then the oldest last use, then
-        the fewest uses) and are fetched from the host with the UVA gather. All on the
-        device: fixed shapes, no host round trip (kernels.tier_alloc)."""
+        the fewest uses) and are fetched from the prefetch's stage or, failing that, from
+        the host with the UVA gather; the wait for a pending prefetch comes just before that
+        gather. All on the device: fixed shapes, no host round trip (kernels.tier_alloc)."""
         st = LayerState(self.slot_of[layer], self.unit_in[layer], self.last_used[layer],
                         self.uses[layer], self.prefetched[layer], self.host_units[layer],
                         self.slots[layer])  # fmt: skip
-        slot = allocate(st, units, valid, self._claim, self.clock, self._acc,
-                        _C, prefetch=prefetch)  # fmt: skip
-        if prefetch or self.forecast is None:
-            return slot
-        # prefetched slots that this exact selection reads (hits) or not (waste, once the
-        # layer's step is over: the next step's prefetch marks its own)
-        pf = st.prefetched
-        used = valid & pf[slot.long()]
-        self._acc[_C["prefetch_hits"]] += used.sum()
-        pf.index_fill_(0, slot.long(), False)
-        self._acc[_C["prefetch_waste"]] += pf.sum()
-        pf.zero_()
+        staged = self._staged.pop(layer, None)
+        slot = allocate(st, units, valid, self._claim, self.clock, self._acc, _C,
+                        stage=None if staged is None else (self.stage, self.stage_of),
+                        before_gather=lambda: self._join(layer))  # fmt: skip
+        if staged is not None:  # the stage table is clean for the next layer's prefetch
+            self.stage_of.index_fill_(0, staged, NOT_STAGED)
         return slot
 
     def _synthetic_scores(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from engine.kv import SparseConfig, TieredKV
+from kernels.uva_gather import NOT_STAGED
 
 
 def make(num_slots: int, pages: int = 40, L: int = 2, Hkv: int = 3, P: int = 16, D: int = 8):
@@ -104,33 +105,37 @@ def test_deferred_rows_fold_and_dropped_pages_leave_every_layer():
     check_consistent(t, host)
 
 
-def test_rows_appended_beside_a_prefetch_reach_the_slot_it_filled():
-    """A decode step does not wait for the layer's prefetch before appending its rows (the
-    prefetch runs on a side stream on a GPU): here the prefetch's gather copies the fresh
-    last page from the host before the step's row is there, as it can on a GPU, and the
-    row must still be in that slot once the step attends (written again after the wait).
-    The prefetch lists the page (a window page), so it never evicts the page's slot."""
+def test_a_prefetch_stages_missing_pages_and_the_step_fills_its_slots_from_there():
+    """The Forecast prefetch copies the predicted pages that have no slot into a stage on
+    the device, leaving out the page this step's row goes to (its host copy is being
+    written); the exact step then fills its slots from the stage (hits) or from the host
+    (the rest), and the stage table is clean afterwards. Here the host copy of the staged
+    pages changes after the prefetch, so the slots show where each page came from."""
     t, host = make(num_slots=24, pages=12, L=1)
-    t.forecast = object()  # hits and waste are counted as with a Forecast
+    t.forecast = object()
     P, Hkv, D = t.P, t.Hkv, t.D
     tables = torch.arange(12, dtype=torch.int32)[None]
     lens = torch.tensor([10 * P + 1], dtype=torch.int32)  # the row at offset 0 of page 10
     t.fold_rows([p for p in range(10) for _ in range(P)], list(range(P)) * 10)  # summaries
     t.end_step(max_len=int(lens[0]))
     t.clock += 1
-    q = torch.randn(1, 1, Hkv, D)
-    t.prefetch(0, q, tables, lens)  # the gather runs first: page 10 has no row 0 yet
-    t._pending[0] = None  # as after_attention leaves it on a CPU
-    unit = 10 * Hkv + torch.arange(Hkv)
-    assert (t.slot_of[0, unit] >= 0).all()  # the fresh page was prefetched
-    k, v = torch.randn(1, Hkv, D), torch.randn(1, Hkv, D)
-    host[0, 10, :, 0, 0], host[0, 10, :, 1, 0] = k[0], v[0]  # the row reaches the host
-    t.after_append(0, k, v, torch.tensor([10]), torch.tensor([0]), distinct=True)
-    assert 0 in t._late  # no wait at the append
-    slots = t.slot_of[0, unit].long()
-    t.slots[0, slots, :, 0] = 0.0  # what the gather may have copied before the row landed
-    t.attend(0, torch.randn(1, 1, Hkv, D), tables, lens, D**-0.5)
-    assert not t._late and not t._pending
-    assert torch.equal(t.slot_of[0, unit].long(), slots)  # the page kept its slots
-    assert torch.equal(t.slots[0, slots, 0, 0], k[0]) and torch.equal(t.slots[0, slots, 1, 0], v[0])
-    check_consistent(t, host)
+    q = torch.randn(1, 1, Hkv, D)  # a perfect prediction: the step's own query
+    t.prefetch(0, q, tables, lens)
+    assert (t.slot_of[0] == -1)[: t.scratch_unit].all()  # no slot taken by the prefetch
+    staged = (t.stage_of[: t.scratch_unit] != NOT_STAGED).nonzero().flatten()
+    pages = set((staged // Hkv).tolist())
+    assert 0 in pages and 9 in pages and 10 not in pages  # sink, window; not the written one
+    st = t.stats
+    assert st.prefetched == st.fetched == len(staged) == st.prefetch_waste
+    before = host.clone()
+    host[0, 9] += 1.0  # changed on the host after the prefetch: page 9 comes from the stage
+    t.attend(0, q, tables, lens, D**-0.5)
+    for unit in range(10 * Hkv, 11 * Hkv):  # the written page: from the host, now
+        assert torch.equal(t.slots[0, t.slot_of[0, unit]], host[0].reshape(-1, 2, P, D)[unit])
+    for unit in range(9 * Hkv, 10 * Hkv):
+        assert torch.equal(t.slots[0, t.slot_of[0, unit]], before[0].reshape(-1, 2, P, D)[unit])
+    assert (t.stage_of == NOT_STAGED).all() and not t._staged
+    st = t.stats
+    assert st.prefetch_hits == st.prefetched and st.prefetch_waste == 0
+    assert st.demand_fetched == Hkv  # the written page, one unit per head
+    assert st.fetched == st.prefetched + st.demand_fetched

@@ -1,0 +1,67 @@
+"""The Triton kernels that the interpreter runs on the CPU also compile for the H200
+(sm_90) here, without a GPU: the interpreter accepts code that the compiler rejects (a
+constexpr reassigned in a static loop once reached the GPU that way), and the lent GPU's
+time is short. Compiling gives the PTX, which is checked for register spills too. (In a
+child process: this suite runs the kernels in the interpreter, whose functions do not
+compile.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels import HAS_TRITON
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.page_score import _select_probe_kernel
+from kernels.uva_gather import NOT_STAGED, _gather_kernel
+
+def build(fn, sig, consts, warps):
+    sig = dict(sig) | {name: "constexpr" for name in consts}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    except RuntimeError as e:
+        if "ptxas" in str(e).lower():
+            return "no ptxas"
+        raise
+    return "spills" if ".local" in k.asm["ptx"] else "ok"
+
+out = {}
+select_sig = {"S": "*fp32", "LENS": "*i32", "BUDGETS": "*i32", "OUT": "*i32", "CNT": "*i32",
+              "budget": "i32", "s_sb": "i32", "s_sh": "i32", "s_ob": "i32", "s_oh": "i32"}
+for bits, block in ((1, 32768), (2, 8192), (4, 8192)):
+    consts = {"HKV": 8, "P": 16, "SINKS": 1, "WINDOW": 2, "WIDTH": 164, "WIDTH_P2": 256,
+              "BLOCK": block, "HAS_BUDGETS": True, "BITS": bits}
+    out[f"probe{bits}/{block}"] = build(_select_probe_kernel, select_sig, consts,
+                                         min(32, block // 512))
+gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i32",
+              "STAGE": "*bf16", "STAGE_OF": "*i32", "n": "i32"}
+for stage in (False, True):
+    consts = {"E": 4096, "BLOCK": 1024, "NPROG": 66, "HAS_STAGE": stage, "NONE": NOT_STAGED}
+    out[f"gather/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 4)
+print(json.dumps(out))
+"""
+
+
+def test_changed_kernels_compile_for_sm90_without_spills():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env, text=True,
+                         capture_output=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    if set(results.values()) == {"no ptxas"}:
+        pytest.skip("this Triton has no ptxas")
+    assert results == dict.fromkeys(results, "ok"), results
