@@ -7,8 +7,8 @@ State of the layer (all on the device; index S of the slot tables and U of the p
 are scratch entries):
 - slot_of [U + 1] int32: each unit's slot, or -1;
 - unit_in [S + 1] int64: each slot's unit, or -1 (free);
-- last_used [S + 1] int64: the decode step that last read the slot (-1: never, or a
-  prefetched slot not read yet); uses [S + 1] int64: how often it was read;
+- last_used [S + 1] int64: the decode step that last read the slot (-1: never);
+  uses [S + 1] int64: how often it was read;
 - claim [U + 1] int64: a scratch table, NO_CLAIM everywhere between calls: the first
   entry that lists a unit owns it (an atomic min: the same owner on any device, in any
   program order; the reference takes the same one);
@@ -58,7 +58,6 @@ class LayerState:
     unit_in: torch.Tensor  # [S + 1] int64
     last_used: torch.Tensor  # [S + 1] int64
     uses: torch.Tensor  # [S + 1] int64
-    prefetched: torch.Tensor  # [S + 1] bool: filled by a prefetch, not read yet
     host_units: torch.Tensor  # [U + 1, 2, P, D]: the host tier (pinned on a GPU run)
     slots: torch.Tensor  # [S + 1, 2, P, D]: the GPU tier
 
@@ -88,7 +87,7 @@ if HAS_TRITON:
     @triton.jit
     def _resolve_kernel(
         UNITS, VALID, SLOT_OF, CLAIM, VALUE, LAST, CLOCK, U_OUT, SLOT_OUT, ACC,
-        n, SCRATCH_UNIT, C_HITS, C_TOTAL, BLOCK: tl.constexpr, COUNT: tl.constexpr,
+        n, SCRATCH_UNIT, C_HITS, C_TOTAL, BLOCK: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
@@ -100,12 +99,12 @@ if HAS_TRITON:
         tl.store(SLOT_OUT + i, slot, mask=m)
         tl.atomic_min(CLAIM + u, i.to(tl.int64), mask=m)  # the first entry owns the unit
         tl.store(VALUE + slot, 9223372036854775807, mask=m & resident)  # the step reads it
-        if COUNT:  # locality: read by this layer at the step before
-            last = tl.load(LAST + slot, mask=m & resident, other=-2)
-            clock = tl.load(CLOCK)
-            hit = m & valid & resident & (last == clock - 1)
-            tl.atomic_add(ACC + C_HITS, tl.sum(hit.to(tl.int64), 0))
-            tl.atomic_add(ACC + C_TOTAL, tl.sum((m & valid).to(tl.int64), 0))
+        # locality: read by this layer at the step before
+        last = tl.load(LAST + slot, mask=m & resident, other=-2)
+        clock = tl.load(CLOCK)
+        hit = m & valid & resident & (last == clock - 1)
+        tl.atomic_add(ACC + C_HITS, tl.sum(hit.to(tl.int64), 0))
+        tl.atomic_add(ACC + C_TOTAL, tl.sum((m & valid).to(tl.int64), 0))
 
     @triton.jit
     def _owner_kernel(U_IN, SLOT_IN, CLAIM, OWNER, n, BLOCK: tl.constexpr):
@@ -119,8 +118,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _assign_kernel(
-        U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, LAST, USES, PREF, SRC, DST, ACC, n,
-        C_FETCHED, C_EVICTED, C_EXTRA, C_WASTE, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
+        U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, USES, SRC, DST, ACC, n,
+        C_FETCHED, C_EVICTED, C_DEMAND, BLOCK: tl.constexpr,
     ):  # fmt: skip
         """Owner r-th in entry order (RANK: the inclusive count of owners) takes the r-th
         least valuable slot. Programs touch disjoint slots and units: owners' victims are
@@ -139,24 +138,16 @@ if HAS_TRITON:
         tl.store(SLOT_OF + u, dst.to(tl.int32), mask=owner)
         tl.store(UNIT_IN + dst, u, mask=owner)
         tl.store(USES + dst, 0, mask=owner)
-        if PREFETCH:  # fetched ahead: no recency until read, first to go if unused
-            tl.store(PREF + dst, 1, mask=owner)
-            tl.store(LAST + dst, -1, mask=owner)
-        else:  # a demand fill: a prefetched page still unread there was wasted
-            unread = owner & (tl.load(PREF + dst, mask=owner, other=0) != 0)
-            tl.atomic_add(ACC + C_WASTE, tl.sum(unread.to(tl.int64), 0))
-            tl.store(PREF + dst, 0, mask=owner)
         tl.store(SRC + i, tl.where(owner, u, 0).to(tl.int32), mask=m)
         tl.store(DST + i, tl.where(owner, dst, -1).to(tl.int32), mask=m)
         fetched = tl.sum(owner.to(tl.int64), 0)
         tl.atomic_add(ACC + C_FETCHED, fetched)
-        tl.atomic_add(ACC + C_EXTRA, fetched)
+        tl.atomic_add(ACC + C_DEMAND, fetched)
         tl.atomic_add(ACC + C_EVICTED, tl.sum(evicted.to(tl.int64), 0))
 
     @triton.jit
     def _finish_kernel(
-        U_IN, SLOT_OF, LAST, USES, CLOCK, CLAIM, OUT, n, SCRATCH_SLOT,
-        BLOCK: tl.constexpr, READ: tl.constexpr,
+        U_IN, SLOT_OF, LAST, USES, CLOCK, CLAIM, OUT, n, SCRATCH_SLOT, BLOCK: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
@@ -164,10 +155,10 @@ if HAS_TRITON:
         slot = tl.load(SLOT_OF + u, mask=m, other=0)
         tl.store(OUT + i, slot, mask=m)
         tl.store(CLAIM + u, 9223372036854775807, mask=m)  # claims end with the call
-        if READ:  # read at this step (not the scratch slot: its value is protected anyway)
-            real = m & (slot != SCRATCH_SLOT)
-            tl.store(LAST + slot, tl.load(CLOCK), mask=real)
-            tl.atomic_add(USES + slot, tl.full([BLOCK], 1, tl.int64), mask=real)
+        # read at this step (not the scratch slot: its value is protected anyway)
+        real = m & (slot != SCRATCH_SLOT)
+        tl.store(LAST + slot, tl.load(CLOCK), mask=real)
+        tl.atomic_add(USES + slot, tl.full([BLOCK], 1, tl.int64), mask=real)
 
 
 def allocate(
@@ -178,26 +169,22 @@ def allocate(
     clock: torch.Tensor,
     acc: torch.Tensor,
     counters: dict[str, int],
-    prefetch: bool = False,
     use_triton: bool | None = None,
     stage: tuple[torch.Tensor, torch.Tensor] | None = None,
     before_gather=None,
 ) -> torch.Tensor:
     """Make `units` [n] int64 resident where `valid` [n] bool (the others read the scratch
     slot). Returns their slots [n] int32.
-    `counters`: the indices in `acc` of fetched, evicted, and prefetched (prefetch) or
-    demand_fetched, locality_hits, locality_total and prefetch_waste (a demand step:
-    prefetched pages its fills replace unread). A prefetch neither
-    marks its slots as read nor counts locality; it marks them in `st.prefetched`.
-    `stage`: (rows [R, 2, P, D], stage_of [U + 1] int32) of units a Forecast prefetch has
+    `counters`: the indices in `acc` of fetched, evicted, demand_fetched, locality_hits
+    and locality_total (and prefetch_hits, prefetch_waste with a stage). `stage`: (rows [R, 2, P, D], stage_of [U + 1] int32) of units a Forecast prefetch has
     already copied to the device (kernels.uva_gather): those fill their slots from there,
     and count as prefetch hits instead of fetches. `before_gather`: called just before the
     first read of the stage (the wait for the prefetch's stream), so everything before it
     runs beside the prefetch."""
     on = use_triton if use_triton is not None else (units.is_cuda and GPU_KERNELS)
     if not (HAS_TRITON and on):
-        return allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch,
-                                  stage, before_gather)  # fmt: skip
+        return allocate_reference(st, units, valid, claim, clock, acc, counters, stage,
+                                  before_gather)  # fmt: skip
     n, dev = units.numel(), units.device
     S1 = st.unit_in.shape[0]
     # the callers' capacity check: a step never reads more units than there are slots
@@ -208,12 +195,9 @@ def allocate(
                                          BLOCK=B, USES_BITS=USES_BITS)  # fmt: skip
     u = torch.empty(n, dtype=torch.long, device=dev)
     slot_in = torch.empty(n, dtype=torch.long, device=dev)
-    hits, total = (
-        (counters["locality_hits"], counters["locality_total"]) if not prefetch else (0, 0)
-    )
     _resolve_kernel[(triton.cdiv(n, B),)](
         units, valid, st.slot_of, claim, value, st.last_used, clock, u, slot_in, acc,
-        n, st.scratch_unit, hits, total, BLOCK=B, COUNT=not prefetch,
+        n, st.scratch_unit, counters["locality_hits"], counters["locality_total"], BLOCK=B,
     )  # fmt: skip
     victims = torch.topk(value, n, largest=False, sorted=True).indices
     owner = torch.empty(n, dtype=torch.long, device=dev)
@@ -221,17 +205,14 @@ def allocate(
     rank = torch.cumsum(owner, 0)
     src = torch.empty(n, dtype=torch.int32, device=dev)
     dst = torch.empty(n, dtype=torch.int32, device=dev)
-    extra = counters["prefetched"] if prefetch else counters["demand_fetched"]
     _assign_kernel[(triton.cdiv(n, B),)](
-        u, rank, victims, st.slot_of, st.unit_in, st.last_used, st.uses, st.prefetched,
-        src, dst, acc, n, counters["fetched"], counters["evicted"], extra,
-        counters.get("prefetch_waste", 0), BLOCK=B, PREFETCH=prefetch,
+        u, rank, victims, st.slot_of, st.unit_in, st.uses, src, dst, acc, n,
+        counters["fetched"], counters["evicted"], counters["demand_fetched"], BLOCK=B,
     )  # fmt: skip
     _gather(st, src, dst, acc, counters, stage, before_gather)
     out = torch.empty(n, dtype=torch.int32, device=dev)
     _finish_kernel[(triton.cdiv(n, B),)](u, st.slot_of, st.last_used, st.uses, clock, claim,
-                                         out, n, st.scratch_slot, BLOCK=B,
-                                         READ=not prefetch)  # fmt: skip
+                                         out, n, st.scratch_slot, BLOCK=B)  # fmt: skip
     return out
 
 
@@ -252,8 +233,8 @@ def _gather(st, src, dst, acc, counters, stage, before_gather) -> None:
         acc[counters[name]] -= hits
 
 
-def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=False,
-                       stage=None, before_gather=None):  # fmt: skip
+def allocate_reference(st, units, valid, claim, clock, acc, counters, stage=None,
+                       before_gather=None):  # fmt: skip
     """The same in torch ops (the CPU engine's path)."""
     dev, n = units.device, units.numel()
     slot_of, unit_in, last_used, uses = st.slot_of, st.unit_in, st.last_used, st.uses
@@ -283,24 +264,9 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, prefetch=F
     slot = slot_of[u].long()
     c = counters
     # (the counts first: _gather takes the staged units' fetches back)
-    _count(acc, (c["fetched"], c["evicted"]), (owner, evicted))
-    if not prefetch:
-        _count(acc, (c["demand_fetched"],), (owner,))
+    _count(acc, (c["fetched"], c["evicted"], c["demand_fetched"]), (owner, evicted, owner))
     _gather(st, torch.where(owner, u, 0).to(torch.int32), torch.where(owner, dst, -1).to(torch.int32),
             acc, counters, stage, before_gather)  # fmt: skip
-    if prefetch:  # fetched ahead; read at this step only if the exact selection agrees
-        _count(acc, (c["prefetched"],), (owner,))
-        pf = st.prefetched
-        pf.index_put_((dst,), owner)
-        # not read yet: no recency (not the evicted page's), first to go if unused
-        last_used.index_fill_(0, dst, -1)
-        pf[scratch_slot].fill_(False)
-        return slot.to(torch.int32)
-    # a demand fill over a prefetched page still unread: that prefetch was wasted
-    refill = torch.where(owner, dst, scratch_slot)
-    if "prefetch_waste" in c:
-        acc[c["prefetch_waste"]] += (owner & st.prefetched[refill]).sum()
-    st.prefetched.index_fill_(0, refill, False)
     # locality: valid units that this layer also read at the step before
     hit = valid & ~missing & (last_used[slot] == clock - 1)
     _count(acc, (c["locality_hits"], c["locality_total"]), (hit, valid))

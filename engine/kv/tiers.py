@@ -206,10 +206,9 @@ class TieredKV:
         self._acc = torch.zeros(len(_COUNTERS), dtype=torch.long, device=device)
         self._group_selection: tuple | None = None
         self.step_budget: int | None = None
-        # Forecast: the predictor (set by the model runner), slots filled by a prefetch and
-        # not read yet, each layer's predicted page ids, and the side stream on a GPU
+        # Forecast: the predictor (set by the model runner), each layer's predicted page
+        # ids, and the side stream on a GPU
         self.forecast = None
-        self.prefetched = torch.zeros(self.L, self.num_slots + 1, dtype=torch.bool, device=device)
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
@@ -245,7 +244,6 @@ class TieredKV:
     def reset_stats(self) -> None:
         self._acc.zero_()
         self.recall_by_layer.zero_()
-        self.prefetched.zero_()
         for stale in self._staged.values():
             self.stage_of.index_fill_(0, stale, NOT_STAGED)
         self._staged.clear()
@@ -578,7 +576,7 @@ class TieredKV:
         the host with the UVA gather; the wait for a pending prefetch comes just before that
         gather. All on the device: fixed shapes, no host round trip (kernels.tier_alloc)."""
         st = LayerState(self.slot_of[layer], self.unit_in[layer], self.last_used[layer],
-                        self.uses[layer], self.prefetched[layer], self.host_units[layer],
+                        self.uses[layer], self.host_units[layer],
                         self.slots[layer])  # fmt: skip
         staged = self._staged.pop(layer, None)
         slot = allocate(st, units, valid, self._claim, self.clock, self._acc, _C,

@@ -52,11 +52,28 @@ gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i3
 for stage in (False, True):
     consts = {"E": 4096, "BLOCK": 1024, "NPROG": 66, "HAS_STAGE": stage, "NONE": NOT_STAGED}
     out[f"gather/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 4)
+from kernels import tier_alloc as ta
+i64, i32 = "*i64", "*i32"
+for name, sig in (
+    ("_value_kernel", {"LAST": i64, "USES": i64, "VALUE": i64, "S": "i32", "SCRATCH": "i32"}),
+    ("_resolve_kernel", {"UNITS": i64, "VALID": "*i1", "SLOT_OF": i32, "CLAIM": i64,
+                         "VALUE": i64, "LAST": i64, "CLOCK": i64, "U_OUT": i64,
+                         "SLOT_OUT": i64, "ACC": i64, "n": "i32", "SCRATCH_UNIT": "i32",
+                         "C_HITS": "i32", "C_TOTAL": "i32"}),
+    ("_owner_kernel", {"U_IN": i64, "SLOT_IN": i64, "CLAIM": i64, "OWNER": i64, "n": "i32"}),
+    ("_assign_kernel", {"U_IN": i64, "RANK": i64, "VICTIMS": i64, "SLOT_OF": i32,
+                        "UNIT_IN": i64, "USES": i64, "SRC": i32, "DST": i32, "ACC": i64,
+                        "n": "i32", "C_FETCHED": "i32", "C_EVICTED": "i32", "C_DEMAND": "i32"}),
+    ("_finish_kernel", {"U_IN": i64, "SLOT_OF": i32, "LAST": i64, "USES": i64, "CLOCK": i64,
+                        "CLAIM": i64, "OUT": i32, "n": "i32", "SCRATCH_SLOT": "i32"}),
+):
+    consts = {"BLOCK": 1024} | ({"USES_BITS": 20} if name == "_value_kernel" else {})
+    out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, 4)
 print(json.dumps(out))
 """
 
 
-def test_changed_kernels_compile_for_sm90_without_spills():
+def test_kernels_compile_for_sm90_without_spills():
     env = dict(os.environ, TRITON_INTERPRET="0")
     run = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env, text=True,
                          capture_output=True, timeout=600)  # fmt: skip
