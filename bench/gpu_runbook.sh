@@ -115,7 +115,8 @@ case "${1:-1}" in
 14) # next session first: the staged prefetch (engine/kv/tiers.py: the side stream copies
     # predicted pages into a stage; the step waits only at its own fetch) and the gather on
     # half the SMs, neither run on a GPU yet: the checks (graphs == eager == no prefetch),
-    # the gather kernel tests, then 128K prefetch modes (issue 6)
+    # the gather kernel tests, then 128K prefetch modes (issue 6), then the probe top-k with
+    # a row tail and at 500K
     timeout 60 python3 -m pytest -q tests/kernels/test_tier_kernels.py tests/kernels/test_tier_alloc.py \
         > "$OUT/kernels.log" 2>&1; tail -2 "$OUT/kernels.log"
     timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
@@ -124,10 +125,11 @@ case "${1:-1}" in
         --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
         > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
     tail -7 "$OUT/e2e_128k.log"
-    timeout 120 python3 -m bench.select_bench --contexts 500000 --budgets 0.02 \
-        --methods radix probe1 probe2 --json "$OUT/select_500k.json" > "$OUT/select.log" 2>&1 \
+    # (131,136 tokens: the e2e bench's 8,196-page rows, now a block and a tail)
+    timeout 120 python3 -m bench.select_bench --contexts 131136 500000 --budgets 0.02 \
+        --methods bisect probe1 probe2 radix --json "$OUT/select.json" > "$OUT/select.log" 2>&1 \
         || echo "FAILED: $?"
-    tail -5 "$OUT/select.log" ;;
+    tail -9 "$OUT/select.log" ;;
 15) # then: 500K prefetch modes with the staged prefetch, the half-SM gather and the probe
     # top-k (rows past 16K pages), and where a worst-case step's time goes with prefetch
     timeout 450 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \

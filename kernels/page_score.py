@@ -229,17 +229,31 @@ if HAS_TRITON:
         tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
 
     @triton.jit
+    def _probe_keys(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
+        """Signed int32 keys in the scores' order at pages p (the sinks and the window: the
+        largest; past the row: the smallest); u = key + 2^31 is the same order unsigned."""
+        valid = p < n_pages
+        x = tl.load(row + p, mask=valid, other=0.0)
+        bits = x.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        forced = (p < SINKS) | (p >= n_pages - WINDOW)
+        key = tl.where(forced, 2147483647, key)
+        return tl.where(valid, key, -2147483648)
+
+    @triton.jit
     def _select_probe_kernel(
         S, LENS, BUDGETS, OUT, CNT, budget,
         s_sb, s_sh, s_ob, s_oh,
         HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
-        WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, BLOCK: tl.constexpr,
+        WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
         HAS_BUDGETS: tl.constexpr, BITS: tl.constexpr,
     ):  # fmt: skip
         """The bisection's selection with BITS bits of the k-th largest key per round: the
         2^BITS candidate thresholds of a round are counted in one block reduction of a
         [2^BITS, BLOCK] comparison (32 / BITS rounds instead of 32), and the keys are
-        int32 (half the registers of the bisection's int64 ones: rows up to 32K pages)."""
+        int32 (half the registers of the bisection's int64 ones: rows up to 32K pages). A
+        row is BLOCK pages (a power of two) plus a TAIL block (0: none) for the pages past
+        it: a row of 8,196 pages holds 8,192 + 16 keys, not 16,384."""
         bh = tl.program_id(0)
         b = bh // HKV
         h = bh % HKV
@@ -247,16 +261,12 @@ if HAS_TRITON:
         if HAS_BUDGETS:
             budget = tl.minimum(tl.load(BUDGETS + b), budget)
         k = tl.minimum(budget, n_pages)
+        row = S + b * s_sb + h * s_sh
         p = tl.arange(0, BLOCK)
-        valid = p < n_pages
-        # signed int32 keys in the scores' order (the sinks and the window: the largest);
-        # u = key + 2^31 is the same order unsigned, in [0, 2^32)
-        x = tl.load(S + b * s_sb + h * s_sh + p, mask=valid, other=0.0)
-        bits = x.to(tl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        forced = (p < SINKS) | (p >= n_pages - WINDOW)
-        key = tl.where(forced, 2147483647, key)
-        key = tl.where(valid, key, -2147483648)
+        key = _probe_keys(row, p, n_pages, SINKS, WINDOW)
+        if TAIL > 0:
+            pt = BLOCK + tl.arange(0, TAIL)
+            key_t = _probe_keys(row, pt, n_pages, SINKS, WINDOW)
         # invariant: at least k keys have u >= prefix; each round fixes the next BITS bits
         # of the largest such threshold (the k-th largest u) from the counts of its
         # 2^BITS candidates (d = 0, the prefix itself, always qualifies)
@@ -266,17 +276,33 @@ if HAS_TRITON:
             shift = 32 - BITS * (r + 1)
             thr = (prefix + (d << shift) - 2147483648).to(tl.int32)
             n_at_least = tl.sum((key[None, :] >= thr[:, None]).to(tl.int32), 1)
+            if TAIL > 0:
+                n_at_least += tl.sum((key_t[None, :] >= thr[:, None]).to(tl.int32), 1)
             best = tl.max(tl.where(n_at_least >= k, d, 0), 0)
             prefix = prefix + (best << shift)
         t = (prefix - 2147483648).to(tl.int32)
+        # every key above t, and the first `ties_wanted` keys equal to t (lowest pages)
+        valid = p < n_pages
         above = valid & (key > t)
         tie = valid & (key == t)
-        ties_wanted = k - tl.sum(above.to(tl.int32), 0)
+        n_above = tl.sum(above.to(tl.int32), 0)
+        if TAIL > 0:
+            valid_t = pt < n_pages
+            above_t = valid_t & (key_t > t)
+            tie_t = valid_t & (key_t == t)
+            n_above += tl.sum(above_t.to(tl.int32), 0)
+        ties_wanted = k - n_above
         chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 0) - 1 < ties_wanted))
         pos = tl.cumsum(chosen.to(tl.int32), 0) - 1
         out = OUT + b * s_ob + h * s_oh
         tl.store(out + pos, p, mask=chosen & (pos < WIDTH))
         written = tl.sum(chosen.to(tl.int32), 0)
+        if TAIL > 0:
+            tie_rank = tl.sum(tie.to(tl.int32), 0) + tl.cumsum(tie_t.to(tl.int32), 0) - 1
+            chosen_t = above_t | (tie_t & (tie_rank < ties_wanted))
+            pos_t = written + tl.cumsum(chosen_t.to(tl.int32), 0) - 1
+            tl.store(out + pos_t, pt, mask=chosen_t & (pos_t < WIDTH))
+            written += tl.sum(chosen_t.to(tl.int32), 0)
         tl.store(CNT + bh, written)
         w = tl.arange(0, WIDTH_P2)
         tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
@@ -506,6 +532,17 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
     return _METHODS[key]
 
 
+def _head_and_tail(M: int) -> tuple[int, int]:
+    """A row of M pages as a power-of-two block and a power-of-two tail (0: none) for the
+    probe kernel: no more keys than the next power of two, often far fewer (8,196 pages:
+    8,192 + 16)."""
+    full = triton.next_power_of_2(max(M, 16))
+    if full == M or full <= 16:
+        return full, 0
+    head = full // 2
+    return head, max(16, triton.next_power_of_2(M - head))
+
+
 def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
                    budgets=None, method: str = "radix"):  # fmt: skip
     B, Hkv, M = scores.shape
@@ -516,12 +553,12 @@ def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages,
     has = budgets is not None
     bud = budgets.to(torch.int32).contiguous() if has else counts
     if method.startswith("probe"):
-        block = triton.next_power_of_2(max(M, 16))
+        block, tail = _head_and_tail(M)
         _select_probe_kernel[(B * Hkv,)](
             scores, kv_lens, bud, pages, counts, min(budget, M),
             scores.stride(0), scores.stride(1), pages.stride(0), pages.stride(1),
             HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages, WIDTH=width,
-            WIDTH_P2=triton.next_power_of_2(width), BLOCK=block, HAS_BUDGETS=has,
+            WIDTH_P2=triton.next_power_of_2(width), BLOCK=block, TAIL=tail, HAS_BUDGETS=has,
             BITS=int(method[5:]), num_warps=min(32, max(4, block // 512)),
         )  # fmt: skip
         return pages, counts

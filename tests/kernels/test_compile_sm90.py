@@ -42,11 +42,11 @@ def build(fn, sig, consts, warps):
 out = {}
 select_sig = {"S": "*fp32", "LENS": "*i32", "BUDGETS": "*i32", "OUT": "*i32", "CNT": "*i32",
               "budget": "i32", "s_sb": "i32", "s_sh": "i32", "s_ob": "i32", "s_oh": "i32"}
-for bits, block in ((1, 32768), (2, 8192), (4, 8192)):
+for bits, block, tail in ((1, 32768, 0), (2, 8192, 16), (4, 8192, 0), (1, 16384, 16384)):
     consts = {"HKV": 8, "P": 16, "SINKS": 1, "WINDOW": 2, "WIDTH": 164, "WIDTH_P2": 256,
-              "BLOCK": block, "HAS_BUDGETS": True, "BITS": bits}
-    out[f"probe{bits}/{block}"] = build(_select_probe_kernel, select_sig, consts,
-                                         min(32, block // 512))
+              "BLOCK": block, "TAIL": tail, "HAS_BUDGETS": True, "BITS": bits}
+    out[f"probe{bits}/{block}+{tail}"] = build(_select_probe_kernel, select_sig, consts,
+                                                min(32, block // 512))
 gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i32",
               "STAGE": "*bf16", "STAGE_OF": "*i32", "n": "i32"}
 for stage in (False, True):

@@ -143,6 +143,21 @@ def test_select_kernel_breaks_ties_by_lowest_page(method):
 
 
 @needs_triton
+@pytest.mark.parametrize("method", ["probe1", "probe2"])
+def test_probe_ties_run_across_the_row_tail(method):
+    """A row of 40 pages is a block of 32 and a tail of 16 in the probe kernel: tied pages
+    are taken lowest first across the two."""
+    scores = torch.zeros(1, 1, 40)
+    scores[0, 0, 5] = 1.0
+    lens = torch.tensor([40 * 16], dtype=torch.int32)
+    pages, counts = select_pages(scores.to(DEVICE), lens.to(DEVICE), 16, 37, width=38,
+                                 use_triton=True, method=method)  # fmt: skip
+    want = [0, 5] + [p for p in range(1, 40) if p != 5][:33] + [38, 39]
+    assert counts.tolist() == [[37]]
+    assert pages[0, 0].tolist() == sorted(want) + [0]
+
+
+@needs_triton
 @pytest.mark.parametrize("method", ["bisect", "probe1", "probe2", "probe4"])
 def test_select_kernel_orders_extreme_scores(method):
     """Keys across the whole float range (huge and tiny magnitudes of both signs, zeros):
