@@ -139,3 +139,18 @@ def test_a_prefetch_stages_missing_pages_and_the_step_fills_its_slots_from_there
     assert st.prefetch_hits == st.prefetched and st.prefetch_waste == 0
     assert st.demand_fetched == Hkv  # the written page, one unit per head
     assert st.fetched == st.prefetched + st.demand_fetched
+
+
+def test_slot_values_order_free_then_recency_then_reads_in_int32():
+    """Eviction values are int32 (a cheaper top-k over the slots): free slots first, then
+    the oldest last read (the last RECENCY_STEPS steps told apart; older ones tie), then
+    the fewest reads; never the protected value, however many reads."""
+    from kernels.tier_alloc import NEVER, RECENCY_STEPS, slot_values
+
+    clock = torch.tensor(5000)
+    last = torch.tensor([-1, 0, 100, 4000, 4999, 5000, 5000])
+    uses = torch.tensor([0, 9, 9, 3, 1, 1, 2**40])
+    v = slot_values(last, uses, clock)
+    assert v.dtype == torch.int32 and (v < NEVER).all()
+    assert v[0] < v[1] == v[2] < v[3] < v[4] < v[5] < v[6]  # 0 and 100: both too old
+    assert 5000 - 100 > RECENCY_STEPS

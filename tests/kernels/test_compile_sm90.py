@@ -55,9 +55,10 @@ for stage in (False, True):
 from kernels import tier_alloc as ta
 i64, i32 = "*i64", "*i32"
 for name, sig in (
-    ("_value_kernel", {"LAST": i64, "USES": i64, "VALUE": i64, "S": "i32", "SCRATCH": "i32"}),
+    ("_value_kernel", {"LAST": i64, "USES": i64, "CLOCK": i64, "VALUE": i32, "S": "i32",
+                       "SCRATCH": "i32"}),
     ("_resolve_kernel", {"UNITS": i64, "VALID": "*i1", "SLOT_OF": i32, "CLAIM": i64,
-                         "VALUE": i64, "LAST": i64, "CLOCK": i64, "U_OUT": i64,
+                         "VALUE": i32, "LAST": i64, "CLOCK": i64, "U_OUT": i64,
                          "SLOT_OUT": i64, "ACC": i64, "n": "i32", "SCRATCH_UNIT": "i32",
                          "C_HITS": "i32", "C_TOTAL": "i32"}),
     ("_owner_kernel", {"U_IN": i64, "SLOT_IN": i64, "CLAIM": i64, "OWNER": i64, "n": "i32"}),
@@ -67,7 +68,9 @@ for name, sig in (
     ("_finish_kernel", {"U_IN": i64, "SLOT_OF": i32, "LAST": i64, "USES": i64, "CLOCK": i64,
                         "CLAIM": i64, "OUT": i32, "n": "i32", "SCRATCH_SLOT": "i32"}),
 ):
-    consts = {"BLOCK": 1024} | ({"USES_BITS": 20} if name == "_value_kernel" else {})
+    consts = {"BLOCK": 1024}
+    if name == "_value_kernel":
+        consts |= {"USES_BITS": 20, "RECENCY": ta.RECENCY_STEPS}
     out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, 4)
 print(json.dumps(out))
 """
