@@ -153,4 +153,4 @@ def test_slot_values_order_free_then_recency_then_reads_in_int32():
     v = slot_values(last, uses, clock)
     assert v.dtype == torch.int32 and (v < NEVER).all()
     assert v[0] < v[1] == v[2] < v[3] < v[4] < v[5] < v[6]  # 0 and 100: both too old
-    assert 5000 - 100 > RECENCY_STEPS
+    assert RECENCY_STEPS < 5000 - 100
