@@ -113,8 +113,8 @@ case "${1:-1}" in
         --prefetch off forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/profile.log" ;;
 14) # next session first: the staged prefetch (engine/kv/tiers.py: the side stream copies
-    # predicted pages into a stage; the step waits only at its own fetch) and the gather on
-    # half the SMs, neither run on a GPU yet: the checks (graphs == eager == no prefetch),
+    # predicted pages into a stage; the step waits only at its own fetch), the gather on
+    # half the SMs, int32 slot values and the probe top-k's row tail, none run on a GPU yet: the checks (graphs == eager == no prefetch),
     # the gather kernel tests, then 128K prefetch modes (issue 6), then the probe top-k with
     # a row tail and at 500K
     timeout 60 python3 -m pytest -q tests/kernels/test_tier_kernels.py tests/kernels/test_tier_alloc.py \
