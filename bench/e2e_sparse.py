@@ -2,7 +2,7 @@
 dense-resident mode and against transformers with its offloaded KV cache, in one process.
 
 python3 -m bench.e2e_sparse --context 131072 --batch 1 [--dense] [--hf] \
-    [--variants quest realistic worst] [--budget 0.02] [--gpu-budget 24GiB] \
+    [--variants quest recurring realistic worst] [--budget 0.02] [--gpu-budget 24GiB] \
     [--gpu-kv-budget 5GiB] [--new-tokens 32] [--json out.json]
 
 - sparse (ours): the KV pool in pinned host memory (write-through), a GPU slot pool of
@@ -16,6 +16,10 @@ python3 -m bench.e2e_sparse --context 131072 --batch 1 [--dense] [--hf] \
   - realistic: random selections that keep each page read at the step before with
     probability `--locality` (0.85: the step-to-step locality measured on the real default
     model, docs/quality.md, 81-87%);
+  - recurring: realistic, except that `--recurring` (0.86) of the pages not kept from the
+    step before are drawn from pages the sequence read at earlier steps, as the real
+    model's are (bench.page_recurrence, docs/quality.md: 86-89%; realistic draws them all
+    at random, so it fetches about five times what the real selections need);
   - worst: a fresh random selection every step (locality 0: sinks and window only).
 - dense-resident (ours, `--dense`): all KV on the GPU, paged decode kernel, CUDA graphs; not
   capped (at 128K it needs 34 GiB).
@@ -140,7 +144,8 @@ def run_ours(args, mode: str) -> list[dict]:
         tiers = engine.runner.tiers
         if tiers is not None:
             tiers.sparse.synthetic = {"quest": None, "realistic": args.locality,
-                                      "worst": 0.0}[variant]  # fmt: skip
+                                      "recurring": args.locality, "worst": 0.0}[variant]  # fmt: skip
+            tiers.sparse.synthetic_recurring = args.recurring if variant == "recurring" else 0.0
             # prefetch: the training-free Forecast on the real path; on the synthetic
             # selections a simulated predictor at its measured recall, or the oracle
             tiers.sparse.forecast = "off" if prefetch == "off" else "free"
@@ -263,8 +268,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--variants", nargs="+", default=["quest", "realistic", "worst"],
-                    choices=["quest", "realistic", "worst"])  # fmt: skip
+                    choices=["quest", "recurring", "realistic", "worst"])  # fmt: skip
     ap.add_argument("--locality", type=float, default=0.85)
+    ap.add_argument("--recurring", type=float, default=0.86,
+                    help="the recurring variant's share of new pages read before")  # fmt: skip
     ap.add_argument("--prefetch", nargs="+", default=["off"], choices=["off", "forecast", "oracle"],
                     help="Forecast prefetch modes to compare (issue 6)")  # fmt: skip
     ap.add_argument("--forecast-recall", type=float, default=0.92,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (14 and 15 are the next session's first)
+#   bash bench/gpu_runbook.sh N    (14, 15 and 16 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -139,6 +139,16 @@ case "${1:-1}" in
     timeout 130 python3 -m bench.profile_decode --context 131072 --variant worst \
         --prefetch forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/profile.log" ;;
+16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
+    # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
+    timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_recurring.json" \
+        > "$OUT/e2e_128k_recurring.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/e2e_128k_recurring.log"
+    timeout 220 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --recurring 0.86 --json "$OUT/spec_verify_b8_recurring.json" \
+        > "$OUT/spec_verify_b8_recurring.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b8_recurring.log" ;;
 9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager
     # on the same inputs and in greedy speculation, then its wall time at 128K (issue 7)
     timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"

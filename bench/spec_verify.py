@@ -72,6 +72,10 @@ def main() -> None:
     ap.add_argument(
         "--graphs", action="store_true", help="verification in CUDA graphs (engine.verify_graphs)"
     )
+    ap.add_argument("--recurring", type=float, default=0.0,
+                    help="share of the pages a selection does not keep that come from pages "
+                    "read before (0.86 measured on the default model, docs/quality.md; 0: all "
+                    "at random)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
@@ -83,7 +87,7 @@ def main() -> None:
     n, bmax = args.context, max(args.batches)
     window = n + 256
     sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
-                          synthetic=0.85)  # fmt: skip
+                          synthetic=0.85, synthetic_recurring=args.recurring)  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=bmax, sparse=sparse,
                        num_pages=-(-window // 16) + 32 * bmax + 64,
                        max_num_batched_tokens=8192)  # fmt: skip

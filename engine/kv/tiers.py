@@ -75,6 +75,11 @@ class SparseConfig:
     # benchmarks with dummy weights only: random selections that keep each page read at the
     # step before with this probability (0: fresh random pages every step, the worst case)
     synthetic: float | None = None
+    # ... and of the pages a step does not keep, this share is drawn from pages the row read
+    # at earlier steps (which a GPU tier that keeps used pages still holds); the default
+    # model's selections measured 0.86-0.89 (bench.page_recurrence, docs/quality.md); 0:
+    # every new page at random (the "realistic" benchmarks before that measurement)
+    synthetic_recurring: float = 0.0
     # benchmarks with synthetic selections and a forecast: the simulated predictor's recall
     # (each page of the next layer's selection is predicted with this probability; 1.0 is
     # the oracle prefetch; the training-free predictor measured 0.92-0.93, docs/quality.md)
@@ -404,6 +409,8 @@ class TieredKV:
             prev.zero_()
             valid = torch.arange(pages.shape[-1], device=pages.device) < counts[..., None]
             prev.scatter_(-1, torch.where(valid, pages.long(), prev.shape[-1] - 1), True)
+            if sp.synthetic_recurring:
+                self._synthetic_prev(layer, block_tables.shape[0], seen=True).logical_or_(prev)
         return pages, counts
 
     def _select_per_query(self, q, layer, block_tables, kv_lens, width: int | None = None):
@@ -594,15 +601,27 @@ class TieredKV:
         prompt's pages do not keep each other's (a rule per page let eight sequences over
         one context settle on the pages any of them had read, and fetch nothing)."""
         B, M = block_tables.shape
-        Hkv = self.Hkv
+        Hkv, sp, dev = self.Hkv, self.sparse, self.device
         read_last = self._synthetic_prev(layer, B)[..., :M]
-        keep = read_last & (torch.rand(B, Hkv, M, device=self.device) < self.sparse.synthetic)
-        return torch.rand(B, Hkv, M, device=self.device) + keep.float()
+        keep = read_last & (torch.rand(B, Hkv, M, device=dev) < sp.synthetic)
+        scores = torch.rand(B, Hkv, M, device=dev) + 2.0 * keep.float()
+        if sp.synthetic_recurring:
+            # the pages to replace (read at the step before, not kept): about
+            # `synthetic_recurring` of them come from pages read earlier, which rank
+            # between the kept pages and the rest
+            seen = self._synthetic_prev(layer, B, seen=True)[..., :M] & ~read_last
+            need = (read_last & ~keep).sum(-1, keepdim=True).float()
+            p = (sp.synthetic_recurring * need / seen.sum(-1, keepdim=True).clamp(min=1)).clamp(
+                max=1
+            )
+            scores = scores + (seen & (torch.rand(B, Hkv, M, device=dev) < p)).float()
+        return scores
 
-    def _synthetic_prev(self, layer: int, rows: int) -> torch.Tensor:
+    def _synthetic_prev(self, layer: int, rows: int, seen: bool = False) -> torch.Tensor:
         """[rows, Hkv, pages + 1] bool: the page positions each row read at `layer` at its
-        last step (one buffer per layer and row count, updated in place: CUDA graphs)."""
-        key = (layer, rows)
+        last step (`seen`: at any step) (one buffer per layer and row count, updated in
+        place: CUDA graphs)."""
+        key = (layer, rows, seen)
         if key not in self._synth_prev:
             self._synth_prev[key] = torch.zeros(rows, self.Hkv, self.num_pages + 1,
                                                 dtype=torch.bool, device=self.device)  # fmt: skip
