@@ -19,6 +19,22 @@ import argparse
 import json
 
 
+def measure(engine, ids: list[int], tokens: int, warm: int = 2):
+    """Decode `tokens` tokens after `ids` and `warm` first steps (they fill the empty tier);
+    returns the tier's counters over those tokens and the recurring share."""
+    from engine import SamplingParams
+
+    req = engine.add_request(ids, SamplingParams(max_tokens=tokens + warm, ignore_eos=True))
+    while req.stats.completion_tokens < warm:
+        engine.step()
+    tiers = engine.runner.tiers
+    tiers.reset_stats()
+    while not req.done:
+        engine.step()
+    st = tiers.stats
+    return st, 1 - st.fetched / max(1, st.locality_total - st.locality_hits)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--book", default="../shared/data/books/moby_dick.txt")
@@ -28,7 +44,7 @@ def main() -> None:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05])
     ap.add_argument("--json")
     args = ap.parse_args()
-    from engine import Engine, SamplingParams
+    from engine import Engine
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
 
@@ -39,19 +55,11 @@ def main() -> None:
         engine = Engine.load(None, device="cpu",
                              config=EngineConfig(sparse=SparseConfig(budget_fraction=frac)))  # fmt: skip
         ids = engine.tokenizer.encode(text)[: args.context]
-        req = engine.add_request(ids, SamplingParams(max_tokens=args.tokens + 2, ignore_eos=True))
-        while req.stats.completion_tokens < 2:  # the first steps fill the (empty) tier
-            engine.step()
-        tiers = engine.runner.tiers
-        tiers.reset_stats()
-        while not req.done:
-            engine.step()
-        st = tiers.stats
-        new = st.locality_total - st.locality_hits
+        st, recurring = measure(engine, ids, args.tokens)
         row = {"budget": frac, "context": len(ids), "steps": args.tokens,
-               "selections": st.selected, "locality": st.locality, "new_vs_last_step": new,
-               "never_selected_before": st.fetched,
-               "recurring": 1 - st.fetched / max(1, new),
+               "selections": st.selected, "locality": st.locality,
+               "new_vs_last_step": st.locality_total - st.locality_hits,
+               "never_selected_before": st.fetched, "recurring": recurring,
                "fetched_per_selection": st.fetch_fraction}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -179,6 +179,8 @@ def test_synthetic_selections_can_redraw_pages_read_earlier():
     at earlier steps, as the real model's do (bench.page_recurrence). Measured as that
     bench does: with a tier that keeps every page, fetches after the first steps are the
     pages never read before."""
+    from bench.page_recurrence import measure
+
     prompt = list(range(1000, 4000))
     shares = {}
     for recurring in (0.0, 0.86):
@@ -186,16 +188,7 @@ def test_synthetic_selections_can_redraw_pages_read_earlier():
                               synthetic_recurring=recurring)  # fmt: skip
         engine = Engine.load(None, device="cpu", dtype="float32", weights="dense",
                              config=EngineConfig(sparse=sparse))  # fmt: skip
-        req = engine.add_request(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
-        while req.stats.completion_tokens < 8:
-            engine.step()
-        tiers = engine.runner.tiers
-        tiers.reset_stats()
-        while not req.done:
-            engine.step()
-        st = tiers.stats
-        new = st.locality_total - st.locality_hits
+        st, shares[recurring] = measure(engine, prompt, tokens=32, warm=8)
         assert 0.75 < st.locality < 0.95
-        shares[recurring] = 1 - st.fetched / new
     assert shares[0.86] > shares[0.0] + 0.3
     assert 0.75 < shares[0.86] < 0.97
