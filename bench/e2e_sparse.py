@@ -137,10 +137,11 @@ def run_ours(args, mode: str) -> list[dict]:
     timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
     rows = []
     variants = args.variants if mode == "sparse" else ["dense-resident"]
-    runs = [(v, p) for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
+    runs = [(v, p, g) for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
+            for g in (args.prefetch_programs if p != "off" else [None])
             if not (v == "quest" and p == "oracle")]  # fmt: skip
     first = runs[0]
-    for variant, prefetch in runs:
+    for variant, prefetch, programs in runs:
         tiers = engine.runner.tiers
         if tiers is not None:
             tiers.sparse.synthetic = {"quest": None, "realistic": args.locality,
@@ -150,13 +151,14 @@ def run_ours(args, mode: str) -> list[dict]:
             # selections a simulated predictor at its measured recall, or the oracle
             tiers.sparse.forecast = "off" if prefetch == "off" else "free"
             tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else args.forecast_recall
+            tiers.sparse.prefetch_programs = programs
             engine.runner.reset_graphs()  # the selection path is part of the graph
             # capture this variant's graph at this length (the first variant: the prefill)
             warm = timed_decode(engine, prompts, 4)
             tiers.reset_stats()
         row = {"context": n, "batch": b, "mode": mode, "variant": variant, "prefetch": prefetch,
-               **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
-        if tiers is not None and (variant, prefetch) == first:
+               "prefetch_programs": programs, **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
+        if tiers is not None and (variant, prefetch, programs) == first:
             row["prefill_s"] = warm["prefill_s"]  # the timed run found the prompt cached
         if tiers is not None:
             st = tiers.stats
@@ -277,6 +279,13 @@ def main() -> None:
     ap.add_argument("--forecast-recall", type=float, default=0.92,
                     help="the simulated predictor's recall on synthetic selections (the "
                     "training-free Forecast measured 92-93%%, docs/quality.md)")  # fmt: skip
+    ap.add_argument(
+        "--prefetch-programs",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="the prefetch gather's programs (default: half the SMs); one run each",
+    )
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--chunk", type=int, default=8192, help="prefill tokens per step")
@@ -306,6 +315,8 @@ def main() -> None:
         med = r.get("decode_tok_s_median_step")
         med = f" (median step {med:8.2f})" if med else ""
         pf = f" {r.get('prefetch', '-'):>8}"
+        if r.get("prefetch_programs"):
+            pf += f"/{r['prefetch_programs']}"
         if r.get("recall") is not None:
             extra += (f"  recall {r['recall']:6.1%}  critical {r['critical_mb_per_token']:6.1f} "
                       f"MB/token")  # fmt: skip

@@ -139,6 +139,22 @@ case "${1:-1}" in
     timeout 130 python3 -m bench.profile_decode --context 131072 --variant worst \
         --prefetch forecast > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/profile.log" ;;
+17) # the gather with whole units in flight (rows per round trip) against programs, alone and
+    # beside a layer's GEMVs; then 128K prefetch modes with the prefetch's gather on 16 or 66
+    # programs, and the worst case's timeline (streams, overlap) with prefetch
+    timeout 60 python3 -m pytest -q tests/kernels/test_tier_kernels.py tests/kernels/test_tier_alloc.py \
+        > "$OUT/kernels.log" 2>&1; tail -2 "$OUT/kernels.log"
+    timeout 90 python3 -m bench.gather_overlap --json "$OUT/gather_overlap.json" \
+        > "$OUT/gather_overlap.log" 2>&1 || echo "FAILED: $?"
+    tail -26 "$OUT/gather_overlap.log"
+    timeout 230 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast oracle --prefetch-programs 16 66 \
+        --json "$OUT/e2e_128k_prefetch.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -11 "$OUT/e2e_128k.log"
+    timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
+        --prefetch off forecast --prefetch-programs 16 --json "$OUT/profile.json" \
+        > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -30 "$OUT/profile.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

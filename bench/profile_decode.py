@@ -18,7 +18,7 @@ import torch
 from bench.e2e_sparse import model_config, prompts_for, sync, timed_decode
 
 
-def profile(engine, prompts, steps: int) -> tuple[str, int, float]:
+def profile(engine, prompts, steps: int, trace: str | None = None) -> tuple:
     """Profile `steps` decode steps, after the prompts' prefill and first step (outside the
     profile: the re-submitted prompt's last page is prefilled again, and its context gather
     would swamp a decode step's kernels); returns (table, kernels per step, GPU ms per step)."""
@@ -49,7 +49,63 @@ def profile(engine, prompts, steps: int) -> tuple[str, int, float]:
         table = events.table(sort_by=key, row_limit=40, max_name_column_width=60)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.device_time if hasattr(e, "device_time") else e.cuda_time for e in kernels)
-    return table, len(kernels) // steps, gpu_us / 1000 / steps
+    if trace:
+        prof.export_chrome_trace(trace)
+    try:
+        tl = timeline(prof, steps)
+    except Exception as e:  # (a profiler API that differs on this torch: report, go on)
+        tl = {"error": repr(e)}
+    return table, len(kernels) // steps, gpu_us / 1000 / steps, tl
+
+
+def _union_ns(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total, end = total + b - a, b
+        elif b > end:
+            total, end = total + b - end, b
+    return total
+
+
+def timeline(prof, steps: int) -> dict:
+    """Streams and overlap from the profile's kernel records: per stream its busy time, the
+    time two or more streams ran at once, and the time the busiest (main) stream sat idle
+    while another one ran (waiting for it, or free to run), per step in ms; and the mean
+    duration of the main stream's most frequent kernels (slower ones beside a prefetch mean
+    the two compete for the GPU)."""
+    try:
+        evs = [e for e in prof.profiler.kineto_results.events()
+               if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0]  # fmt: skip
+    except AttributeError:
+        return {}
+    kern = [e for e in evs if "memcpy" not in e.name().lower() and "memset" not in e.name().lower()]
+    if not kern:
+        return {}
+    by_stream: dict[int, list] = {}
+    for e in kern:
+        by_stream.setdefault(e.device_resource_id(), []).append(e)
+    spans = {s: [(e.start_ns(), e.end_ns()) for e in es] for s, es in by_stream.items()}
+    busy = {s: _union_ns(sp) for s, sp in spans.items()}
+    main = max(busy, key=busy.get)
+    every = [x for sp in spans.values() for x in sp]
+    union = _union_ns(every)
+    span = max(b for _, b in every) - min(a for a, _ in every)
+    others = [x for s, sp in spans.items() if s != main for x in sp]
+    # main idle while others ran = union - main busy
+    names: dict[str, list] = {}
+    for e in by_stream[main]:
+        names.setdefault(e.name()[:50], []).append(e.duration_ns())
+    common = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:12]
+    ms = 1e-6 / steps
+    return {
+        "span_ms": span * ms, "gpu_busy_ms": union * ms, "main_busy_ms": busy[main] * ms,
+        "side_busy_ms": _union_ns(others) * ms if others else 0.0,
+        "overlap_ms": (sum(busy.values()) - union) * ms,
+        "main_idle_while_side_ms": (union - busy[main]) * ms, "streams": len(busy),
+        "main_kernels": {k: {"n": len(v) // steps, "mean_us": sum(v) / len(v) / 1000}
+                         for k, v in common},
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -59,11 +115,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--variant", default="realistic", choices=["quest", "realistic", "worst"])
+    ap.add_argument("--prefetch-programs", type=int, default=None)
     ap.add_argument("--prefetch", nargs="+", default=["off", "forecast"])
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json")
+    ap.add_argument(
+        "--trace", help="write each mode's graph-replay Chrome trace to TRACE.MODE.json"
+    )
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
     from engine import Engine
@@ -88,19 +148,22 @@ def main() -> None:
     for prefetch in args.prefetch:
         tiers.sparse.forecast = "off" if prefetch == "off" else "free"
         tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else 0.92
+        tiers.sparse.prefetch_programs = args.prefetch_programs
         runner.reset_graphs()
         timed_decode(engine, prompts, 4)  # prefill (first time) and graph capture
         graph = timed_decode(engine, prompts, args.new_tokens)
         graphs, runner.use_graphs = runner.use_graphs, False
         eager = timed_decode(engine, prompts, 8)
-        table_eager, k_eager, gpu_eager = profile(engine, prompts, 4)
+        table_eager, k_eager, gpu_eager, _ = profile(engine, prompts, 4)
         runner.use_graphs = graphs
-        table_graph, k_graph, gpu_graph = profile(engine, prompts, 4)
+        trace = f"{args.trace}.{prefetch}.json" if args.trace else None
+        table_graph, k_graph, gpu_graph, tl = profile(engine, prompts, 4, trace)
         row = {"prefetch": prefetch, "variant": args.variant, "context": n,
                "graph_ms_per_token": 1000 / graph["decode_tok_s_median_step"],
                "eager_ms_per_token": 1000 / eager["decode_tok_s_median_step"],
                "kernels_per_step_eager": k_eager, "gpu_ms_per_step_eager": gpu_eager,
-               "kernels_per_step_graph": k_graph, "gpu_ms_per_step_graph": gpu_graph}  # fmt: skip
+               "kernels_per_step_graph": k_graph, "gpu_ms_per_step_graph": gpu_graph,
+               "timeline_graph": tl}  # fmt: skip
         rows.append(row)
         print(f"\n=== prefetch {prefetch}: eager ops by GPU time ===\n{table_eager}")
         print(f"\n=== prefetch {prefetch}: graph replays, kernels by GPU time ===\n{table_graph}")
@@ -111,6 +174,18 @@ def main() -> None:
               f"ms/token, eager {r['eager_ms_per_token']:6.2f}; kernels/step {r['kernels_per_step_eager']}"
               f" (graph {r['kernels_per_step_graph']}), GPU busy {r['gpu_ms_per_step_eager']:.2f} / "
               f"{r['gpu_ms_per_step_graph']:.2f} ms per step")  # fmt: skip
+        t = r["timeline_graph"]
+        if t.get("error"):
+            print(f"{'':>10} graph timeline: {t['error']}")
+        elif t:
+            print(
+                f"{'':>10} graph timeline per step: span {t['span_ms']:.2f} ms, GPU busy "
+                f"{t['gpu_busy_ms']:.2f}, main stream busy {t['main_busy_ms']:.2f}, other "
+                f"streams {t['side_busy_ms']:.2f}, overlapped {t['overlap_ms']:.2f}, main idle "
+                f"while another ran {t['main_idle_while_side_ms']:.2f} ({t['streams']} streams)"
+            )
+            for name, k in t["main_kernels"].items():
+                print(f"{'':>14} {k['n']:5d} x {k['mean_us']:7.1f} us  {name}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -18,6 +18,7 @@ import torch
 from kernels import HAS_TRITON, INTERPRET, host_pointer
 
 NOT_STAGED = 2**31 - 1  # a stage table's entry for a unit that no prefetch staged
+GATHER_ELEMENTS = 16384  # elements per program and round trip by default (32 KB of bf16)
 
 if HAS_TRITON:
     import triton
@@ -26,28 +27,33 @@ if HAS_TRITON:
     @triton.jit
     def _gather_kernel(
         SRC, DST, SRC_IDX, DST_IDX, STAGE, STAGE_OF, n,
-        E: tl.constexpr, BLOCK: tl.constexpr, NPROG: tl.constexpr, HAS_STAGE: tl.constexpr,
-        NONE: tl.constexpr,
+        E: tl.constexpr, EB: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr,
+        HAS_STAGE: tl.constexpr, NONE: tl.constexpr,
     ):  # fmt: skip
+        # persistent: each program walks its share, ROWS whole units at a time. Every load
+        # of a round is issued before any store, so a program has ROWS * E elements in
+        # flight over PCIe per round trip (one round trip per ROWS units, not per block):
+        # a few programs then fill the link, and the rest of the GPU is left to the work
+        # beside them
         pid = tl.program_id(0)
-        o = tl.arange(0, BLOCK)
-        for i in range(pid, n, NPROG):  # persistent: each program walks its share
-            s = tl.load(SRC_IDX + i).to(tl.int64)
-            d = tl.load(DST_IDX + i).to(tl.int64)
-            if d >= 0:  # -1: an unused entry of a fixed-size list
-                r = tl.full([], NONE, tl.int64)
-                if HAS_STAGE:
-                    r = tl.load(STAGE_OF + s).to(tl.int64)
-                if r != NONE:  # already on the device (a prefetch staged it)
-                    for off in range(0, E, BLOCK):
-                        m = off + o < E
-                        x = tl.load(STAGE + r * E + off + o, mask=m)
-                        tl.store(DST + d * E + off + o, x, mask=m)
-                else:
-                    for off in range(0, E, BLOCK):
-                        m = off + o < E
-                        x = tl.load(SRC + s * E + off + o, mask=m)
-                        tl.store(DST + d * E + off + o, x, mask=m)
+        r = tl.arange(0, ROWS)
+        c = tl.arange(0, EB)
+        in_unit = (c < E)[None, :]
+        for base in range(pid * ROWS, n, NPROG * ROWS):
+            i = base + r
+            s = tl.load(SRC_IDX + i, mask=i < n, other=0).to(tl.int64)
+            d = tl.load(DST_IDX + i, mask=i < n, other=-1).to(tl.int64)
+            live = d >= 0  # -1: an unused entry of a fixed-size list
+            m = live[:, None] & in_unit
+            if HAS_STAGE:  # already on the device (a prefetch staged it): copy from there
+                row = tl.load(STAGE_OF + s, mask=live, other=NONE).to(tl.int64)
+                staged = (row != NONE)[:, None]
+                x = tl.load(SRC + s[:, None] * E + c[None, :], mask=m & ~staged)
+                y = tl.load(STAGE + row[:, None] * E + c[None, :], mask=m & staged)
+                x = tl.where(staged, y, x)
+            else:
+                x = tl.load(SRC + s[:, None] * E + c[None, :], mask=m)
+            tl.store(DST + d[:, None] * E + c[None, :], x, mask=m)
 
 
 def _units(pool: torch.Tensor) -> torch.Tensor:
@@ -61,7 +67,7 @@ def gather_pages(
     src_units: torch.Tensor,
     dst_units: torch.Tensor,
     max_programs: int | None = None,
-    block: int = 1024,
+    rows: int | None = None,
     use_triton: bool | None = None,
     stage: torch.Tensor | None = None,
     stage_of: torch.Tensor | None = None,
@@ -69,11 +75,12 @@ def gather_pages(
     """dst[dst_units[i]] = src[src_units[i]] for every i with dst_units[i] >= 0 (entries of
     -1 are skipped: a fixed-size list that needs no host round trip). src [U, 2, P, D] may be
     pinned host memory (read through UVA) when dst is on the GPU; indices are int32 on dst's
-    device. `max_programs`: None takes half the GPU's SMs (66 on an H200). Each program
-    waits for one block's PCIe round trip at a time, so the bandwidth follows the program
-    count: 33.7 / 49.6 GB/s with 32 / 66 programs for 4 KB pages, 49.6 with 132, against a
-    55.4 GB/s cudaMemcpy ceiling (H200, docs/benchmarks.md); the engine's 128K worst-case
-    decode ran its gathers at ~28 GB/s with 32 (profile, same document).
+    device. `max_programs`: None takes half the GPU's SMs (66 on an H200); `rows`: units per
+    program and round trip (None: as many as make 16K elements, 4 units of 8 KB). Each
+    program waits for one round trip at a time, so the bandwidth follows the bytes in
+    flight, programs x rows x unit bytes. (The kernel before `rows` moved 2 KB per round
+    trip: 33.7 / 49.6 GB/s with 32 / 66 programs for 4 KB pages against a 55.4 GB/s
+    cudaMemcpy ceiling, H200, docs/benchmarks.md.)
 
     `stage` [R, 2, P, D] on dst's device and `stage_of` [U] int32: units that a prefetch
     has already copied to the device (stage_of[unit] = its row, NOT_STAGED otherwise) are
@@ -96,12 +103,16 @@ def gather_pages(
     E = src[0].numel()
     if max_programs is None:
         max_programs = _half_the_sms(dst.device) if on_gpu else 32
-    nprog = max(1, min(max_programs, n))
+    EB = triton.next_power_of_2(E)
+    if rows is None:
+        rows = max(1, GATHER_ELEMENTS // EB)
+    rows = triton.next_power_of_2(rows)
+    nprog = max(1, min(max_programs, triton.cdiv(n, rows)))
     has = stage is not None
     _gather_kernel[(nprog,)](
         src_arg, dst, src_units, dst_units, stage if has else dst,
-        stage_of if has else dst_units, n, E=E, BLOCK=min(block, triton.next_power_of_2(E)),
-        NPROG=nprog, HAS_STAGE=has, NONE=NOT_STAGED,
+        stage_of if has else dst_units, n, E=E, EB=EB, ROWS=rows, NPROG=nprog,
+        HAS_STAGE=has, NONE=NOT_STAGED, num_warps=8 if rows * EB >= 8192 else 4,
     )  # fmt: skip
 
 

@@ -89,6 +89,10 @@ class SparseConfig:
     # model; a missing or mismatched file falls back to "free" with a warning)
     forecast: str = "off"
     forecast_weights: str | None = None
+    # the prefetch's gather runs beside the main stream's work on this many programs (one
+    # per SM at most; None: the demand gather's default, half the SMs): fewer leave more of
+    # the GPU to the work it overlaps
+    prefetch_programs: int | None = None
     # evaluation only: each layer past the first reads the Forecast's predicted pages instead
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
@@ -568,7 +572,7 @@ class TieredKV:
         self.stage_of.scatter_reduce_(0, at, idx, "amin")
         first = want & (self.stage_of[at] == idx)
         gather_pages(self.host_units[layer], self.stage, torch.where(first, u, 0).to(torch.int32),
-                     torch.where(first, idx, -1))  # fmt: skip
+                     torch.where(first, idx, -1), max_programs=self.sparse.prefetch_programs)  # fmt: skip
         n = first.sum()
         for name in ("fetched", "prefetched", "prefetch_waste"):  # (waste until used)
             self._acc[_C[name]] += n

@@ -50,8 +50,10 @@ for bits, block, tail in ((1, 32768, 0), (2, 8192, 16), (4, 8192, 0), (1, 16384,
 gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i32",
               "STAGE": "*bf16", "STAGE_OF": "*i32", "n": "i32"}
 for stage in (False, True):
-    consts = {"E": 4096, "BLOCK": 1024, "NPROG": 66, "HAS_STAGE": stage, "NONE": NOT_STAGED}
-    out[f"gather/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 4)
+    for rows in (1, 4, 8):
+        consts = {"E": 4096, "EB": 4096, "ROWS": rows, "NPROG": 16, "HAS_STAGE": stage,
+                  "NONE": NOT_STAGED}
+        out[f"gather/rows={rows}/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 8)
 from kernels import tier_alloc as ta
 i64, i32 = "*i64", "*i32"
 for name, sig in (

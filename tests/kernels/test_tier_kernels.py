@@ -37,7 +37,7 @@ def test_gather_moves_exactly_the_listed_pages(dtype, path):
     expected = gpu.clone()
     gather_reference(host, expected, src, dst)
     if path == "kernel":
-        gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, block=256,
+        gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=2,
                      use_triton=True)  # fmt: skip
     else:
         gather_copy_engine(host, gpu, src, dst.to(DEVICE))
@@ -160,3 +160,28 @@ def test_tier_append_matches_reference(layout, fold):
     if fold and mode != "mean":  # a fresh page's min is its one row; another page's merges
         assert torch.equal(want[1][2 * 3, 0], k[0, 0])
         assert not torch.equal(want[1][5 * 3, 0], k[1, 0])
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gather_rounds_of_several_units_with_a_stage(rows):
+    """Several units per program and round trip (rows), a list whose length is no multiple
+    of it, skipped entries, and units a prefetch staged on the device (copied from there:
+    the stage's rows differ from the host's, so the source shows)."""
+    from kernels.uva_gather import NOT_STAGED
+
+    host, gpu, g = pools(torch.float32)
+    U = host.shape[0]
+    n = 9  # (all the slots)
+    src = torch.randperm(U, generator=g)[:n].to(torch.int32)
+    dst = torch.randperm(gpu.shape[0], generator=g)[:n].to(torch.int32)
+    dst[[2, 7]] = -1
+    stage = torch.randn(5, *host.shape[1:], generator=g)
+    stage_of = torch.full((U,), NOT_STAGED, dtype=torch.int32)
+    stage_of[src[[0, 3, 7, 8]].long()] = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
+    expected = gpu.clone()
+    gather_reference(host, expected, src, dst, stage, stage_of)
+    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=rows,
+                 use_triton=True, stage=stage.to(DEVICE), stage_of=stage_of.to(DEVICE))  # fmt: skip
+    assert torch.equal(gpu.cpu(), expected.cpu())
+    assert torch.equal(gpu[dst[0]].cpu(), stage[4]) and torch.equal(gpu[dst[1]].cpu(), host[src[1]])
