@@ -284,7 +284,7 @@ def main() -> None:
         type=int,
         nargs="+",
         default=[None],
-        help="the prefetch gather's programs (default: half the SMs); one run each",
+        help="the prefetch gather's programs (default: 16); one run each",
     )
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")

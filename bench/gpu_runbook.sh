@@ -155,6 +155,21 @@ case "${1:-1}" in
         --prefetch off forecast --prefetch-programs 16 --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -30 "$OUT/profile.log" ;;
+18) # the prefetch's staging in one kernel (kernels.uva_gather.stage_pages) and the gathers on
+    # 16 programs by default: tests, the engine checks (graphs == eager == no prefetch), 128K
+    # prefetch modes, and the worst case's timeline with the side stream's kernels
+    timeout 60 python3 -m pytest -q tests/kernels/test_tier_kernels.py tests/kernels/test_tier_alloc.py \
+        > "$OUT/kernels.log" 2>&1; tail -2 "$OUT/kernels.log"
+    timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/check.log"
+    timeout 150 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_128k.log"
+    timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
+        --prefetch off forecast --json "$OUT/profile.json" \
+        > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -30 "$OUT/profile.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

@@ -93,18 +93,22 @@ def timeline(prof, steps: int) -> dict:
     span = max(b for _, b in every) - min(a for a, _ in every)
     others = [x for s, sp in spans.items() if s != main for x in sp]
     # main idle while others ran = union - main busy
-    names: dict[str, list] = {}
-    for e in by_stream[main]:
-        names.setdefault(e.name()[:50], []).append(e.duration_ns())
-    common = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:12]
     ms = 1e-6 / steps
+
+    def top(events) -> dict:
+        names: dict[str, list] = {}
+        for e in events:
+            names.setdefault(e.name()[:50], []).append(e.duration_ns())
+        common = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:12]
+        return {k: {"n": len(v) // steps, "mean_us": sum(v) / len(v) / 1000} for k, v in common}
+
     return {
         "span_ms": span * ms, "gpu_busy_ms": union * ms, "main_busy_ms": busy[main] * ms,
         "side_busy_ms": _union_ns(others) * ms if others else 0.0,
         "overlap_ms": (sum(busy.values()) - union) * ms,
         "main_idle_while_side_ms": (union - busy[main]) * ms, "streams": len(busy),
-        "main_kernels": {k: {"n": len(v) // steps, "mean_us": sum(v) / len(v) / 1000}
-                         for k, v in common},
+        "main_kernels": top(by_stream[main]),
+        "side_kernels": top([e for s, es in by_stream.items() if s != main for e in es]),
     }  # fmt: skip
 
 
@@ -184,8 +188,9 @@ def main() -> None:
                 f"streams {t['side_busy_ms']:.2f}, overlapped {t['overlap_ms']:.2f}, main idle "
                 f"while another ran {t['main_idle_while_side_ms']:.2f} ({t['streams']} streams)"
             )
-            for name, k in t["main_kernels"].items():
-                print(f"{'':>14} {k['n']:5d} x {k['mean_us']:7.1f} us  {name}")
+            for side in ("main", "side"):
+                for name, k in t[f"{side}_kernels"].items():
+                    print(f"{'':>8}{side:>6} {k['n']:5d} x {k['mean_us']:7.1f} us  {name}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -13,12 +13,18 @@ Pools are viewed as [units, 2, P, D]; `src_units[i]` goes to `dst_units[i]`.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
 
 NOT_STAGED = 2**31 - 1  # a stage table's entry for a unit that no prefetch staged
 GATHER_ELEMENTS = 16384  # elements per program and round trip by default (32 KB of bf16)
+# programs by default: with 4 units of 8 KB in flight each, 16 programs gather at 49.2 GB/s
+# on the H200 (8: 48.8, 66: 49.4; cudaMemcpy 55.4) and leave the other 116 SMs to the work
+# beside them (bench.gather_overlap, docs/benchmarks.md); AGENTCTX_GATHER_PROGRAMS overrides
+GATHER_PROGRAMS = int(os.environ.get("AGENTCTX_GATHER_PROGRAMS", "16"))
 
 if HAS_TRITON:
     import triton
@@ -55,6 +61,51 @@ if HAS_TRITON:
                 x = tl.load(SRC + s[:, None] * E + c[None, :], mask=m)
             tl.store(DST + d[:, None] * E + c[None, :], x, mask=m)
 
+    @triton.jit
+    def _stage_kernel(
+        SRC, STAGE, PAGES, COUNTS, TABLES, LENS, SLOT_OF, STAGE_OF, AT, IDS, ACC,
+        n, rows_written, scratch_unit, C_FETCHED, C_PREFETCHED, C_WASTE,
+        HKV: tl.constexpr, W: tl.constexpr, M: tl.constexpr, P: tl.constexpr,
+        E: tl.constexpr, EB: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr,
+        NONE: tl.constexpr,
+    ):  # fmt: skip
+        # one pass over a predicted selection (entry i: sequence i // (HKV * W), KV head
+        # (i // W) % HKV, column i % W): its page id, whether its unit is wanted (listed, not
+        # being written this step, not resident), a claim on the unit's stage entry (the
+        # first claim wins: duplicates are staged once), and the claimed units' copy from
+        # the host, ROWS units per round trip as in _gather_kernel
+        pid = tl.program_id(0)
+        r = tl.arange(0, ROWS)
+        c = tl.arange(0, EB)
+        in_unit = (c < E)[None, :]
+        mine = tl.zeros([ROWS], tl.int64)
+        for base in range(pid * ROWS, n, NPROG * ROWS):
+            i = base + r
+            im = i < n
+            seq = i // (HKV * W)
+            head = (i // W) % HKV
+            col = tl.load(PAGES + i, mask=im, other=0)
+            valid = im & ((i % W) < tl.load(COUNTS + i // W, mask=im, other=0))
+            page = tl.load(TABLES + seq.to(tl.int64) * M + col, mask=valid, other=0).to(tl.int64)
+            unit = page * HKV + head
+            tl.store(IDS + i, tl.where(valid, page, -1).to(tl.int32), mask=im)
+            length = tl.load(LENS + seq, mask=im, other=0)
+            written = col >= (length - rows_written) // P
+            want = valid & ~written
+            want &= tl.load(SLOT_OF + unit, mask=want, other=0) < 0
+            at = tl.where(want, unit, scratch_unit)
+            tl.store(AT + i, at, mask=im)
+            old = tl.atomic_cas(STAGE_OF + at, tl.where(want, NONE, -2), i.to(tl.int32))
+            first = want & (old == NONE)
+            m = first[:, None] & in_unit
+            x = tl.load(SRC + unit[:, None] * E + c[None, :], mask=m)
+            tl.store(STAGE + i.to(tl.int64)[:, None] * E + c[None, :], x, mask=m)
+            mine += first.to(tl.int64)
+        total = tl.sum(mine, 0)
+        tl.atomic_add(ACC + C_FETCHED, total)
+        tl.atomic_add(ACC + C_PREFETCHED, total)
+        tl.atomic_add(ACC + C_WASTE, total)
+
 
 def _units(pool: torch.Tensor) -> torch.Tensor:
     assert pool.dim() == 4 and pool.shape[1] == 2 and pool.is_contiguous(), pool.shape
@@ -75,7 +126,7 @@ def gather_pages(
     """dst[dst_units[i]] = src[src_units[i]] for every i with dst_units[i] >= 0 (entries of
     -1 are skipped: a fixed-size list that needs no host round trip). src [U, 2, P, D] may be
     pinned host memory (read through UVA) when dst is on the GPU; indices are int32 on dst's
-    device. `max_programs`: None takes half the GPU's SMs (66 on an H200); `rows`: units per
+    device. `max_programs`: None takes GATHER_PROGRAMS (16); `rows`: units per
     program and round trip (None: as many as make 16K elements, 4 units of 8 KB). Each
     program waits for one round trip at a time, so the bandwidth follows the bytes in
     flight, programs x rows x unit bytes. (The kernel before `rows` moved 2 KB per round
@@ -102,7 +153,7 @@ def gather_pages(
         src_arg = src
     E = src[0].numel()
     if max_programs is None:
-        max_programs = _half_the_sms(dst.device) if on_gpu else 32
+        max_programs = GATHER_PROGRAMS
     EB = triton.next_power_of_2(E)
     if rows is None:
         rows = max(1, GATHER_ELEMENTS // EB)
@@ -114,15 +165,6 @@ def gather_pages(
         stage_of if has else dst_units, n, E=E, EB=EB, ROWS=rows, NPROG=nprog,
         HAS_STAGE=has, NONE=NOT_STAGED, num_warps=8 if rows * EB >= 8192 else 4,
     )  # fmt: skip
-
-
-_SMS: dict = {}
-
-
-def _half_the_sms(device: torch.device) -> int:
-    if device not in _SMS:
-        _SMS[device] = max(1, torch.cuda.get_device_properties(device).multi_processor_count // 2)
-    return _SMS[device]
 
 
 def gather_reference(
@@ -158,3 +200,65 @@ def gather_copy_engine(
     torch.index_select(src, 0, src_units.cpu().long(), out=buf)
     dev = buf.to(dst.device, non_blocking=True)
     dst.index_copy_(0, dst_units.to(dst.device).long(), dev)
+
+
+def stage_pages(
+    src: torch.Tensor, stage: torch.Tensor, stage_of: torch.Tensor, pages: torch.Tensor,
+    counts: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, slot_of: torch.Tensor,
+    rows_written: int, scratch_unit: int, acc: torch.Tensor, counters: tuple[int, int, int],
+    max_programs: int | None = None, use_triton: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A prefetch's staging in one kernel: for a predicted selection (pages [B, Hkv, W]
+    columns of `tables` [B, M], counts [B, Hkv]), copy each listed unit (page id * Hkv +
+    head) that is not resident (slot_of[unit] < 0) and not on a page that this step's last
+    `rows_written` rows of the sequence (lens [B]) go to, once, from the host pool `src`
+    into `stage` at its listing's row, and record it in `stage_of` (NOT_STAGED before).
+    Adds the number staged to acc[c] for each counter index c. Returns (at [N] int64: the
+    entry's unit where it wanted one, else `scratch_unit`, for clearing stage_of; page
+    ids [B, Hkv, W] int32, -1 past counts)."""
+    B, Hkv, W = pages.shape
+    n = pages.numel()
+    dev = stage.device
+    on_gpu = stage.is_cuda
+    if not (HAS_TRITON and (use_triton if use_triton is not None else on_gpu)):
+        return stage_pages_reference(src, stage, stage_of, pages, counts, tables, lens, slot_of,
+                                     rows_written, scratch_unit, acc, counters)  # fmt: skip
+    src_arg = host_pointer(src) if on_gpu and not src.is_cuda else src
+    at = torch.empty(n, dtype=torch.long, device=dev)
+    ids = torch.empty(B, Hkv, W, dtype=torch.int32, device=dev)
+    E = src[0].numel()
+    EB = triton.next_power_of_2(E)
+    rows = max(1, GATHER_ELEMENTS // EB)
+    if max_programs is None:
+        max_programs = GATHER_PROGRAMS
+    nprog = max(1, min(max_programs, triton.cdiv(n, rows)))
+    _stage_kernel[(nprog,)](
+        src_arg, stage, pages.contiguous(), counts.contiguous(), tables.contiguous(),
+        lens.contiguous(), slot_of, stage_of, at, ids, acc, n, rows_written, scratch_unit,
+        *counters, HKV=Hkv, W=W, M=tables.shape[1], P=stage.shape[2], E=E, EB=EB, ROWS=rows,
+        NPROG=nprog, NONE=NOT_STAGED, num_warps=8 if rows * EB >= 8192 else 4,
+    )  # fmt: skip
+    return at, ids
+
+
+def stage_pages_reference(src, stage, stage_of, pages, counts, tables, lens, slot_of,
+                          rows_written, scratch_unit, acc, counters):  # fmt: skip
+    """stage_pages in torch (each wanted unit staged at its first listing's row)."""
+    B, Hkv, W = pages.shape
+    dev = stage.device
+    ids = torch.gather(tables.long(), 1, pages.reshape(B, -1).long()).view(B, Hkv, W)
+    valid = torch.arange(W, device=dev)[None, None, :] < counts[..., None]
+    units = (ids * Hkv + torch.arange(Hkv, device=dev)[None, :, None]).reshape(-1)
+    written = pages >= ((lens.long() - rows_written) // stage.shape[2])[:, None, None]
+    want = (valid & ~written).reshape(-1)
+    want &= slot_of[torch.where(want, units, scratch_unit)] < 0
+    at = torch.where(want, units, scratch_unit)
+    idx = torch.arange(at.numel(), device=dev, dtype=torch.int32)
+    stage_of.scatter_reduce_(0, at, torch.where(want, idx, NOT_STAGED), "amin")
+    first = want & (stage_of[at] == idx)
+    gather_pages(src, stage, torch.where(first, units, 0).to(torch.int32),
+                 torch.where(first, idx, -1), use_triton=False)  # fmt: skip
+    n = first.sum()
+    for c in counters:
+        acc[c] += n
+    return at, torch.where(valid, ids, -1).to(torch.int32)

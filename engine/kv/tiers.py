@@ -55,7 +55,7 @@ from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
 from kernels.sparse_decode import sparse_decode_attention
 from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
-from kernels.uva_gather import NOT_STAGED, gather_pages
+from kernels.uva_gather import NOT_STAGED, stage_pages
 
 
 @dataclass
@@ -90,7 +90,7 @@ class SparseConfig:
     forecast: str = "off"
     forecast_weights: str | None = None
     # the prefetch's gather runs beside the main stream's work on this many programs (one
-    # per SM at most; None: the demand gather's default, half the SMs): fewer leave more of
+    # per SM at most; None: the demand gather's default, 16 on a GPU): fewer leave more of
     # the GPU to the work it overlaps
     prefetch_programs: int | None = None
     # evaluation only: each layer past the first reads the Forecast's predicted pages instead
@@ -553,29 +553,17 @@ class TieredKV:
         width = pages.shape[-1]
         if B * Hkv * width > self.num_slots:
             return  # the exact step will say so
-        dev = q.device
-        page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
-        page_ids = page_ids.view(B, Hkv, width)
-        units = page_ids * Hkv + torch.arange(Hkv, device=dev)[None, :, None]
-        valid = torch.arange(width, device=dev)[None, None, :] < counts[..., None]
-        self._predicted[layer] = (page_ids, valid, pages, counts)
-        written = pages >= ((kv_lens.long() - rows) // self.P)[:, None, None]
         if self.stage is None:
             self.stage = torch.empty(self.num_slots + 1, 2, self.P, self.D,
                                      dtype=self.slots.dtype, device=self.device)  # fmt: skip
-        # each missing unit once (its first listing), staged at its entry's row
-        u = units.reshape(-1)
-        want = (valid & ~written).reshape(-1)
-        want &= self.slot_of[layer][torch.where(want, u, self.scratch_unit)] < 0
-        at = torch.where(want, u, self.scratch_unit)
-        idx = torch.arange(u.numel(), device=dev, dtype=torch.int32)
-        self.stage_of.scatter_reduce_(0, at, idx, "amin")
-        first = want & (self.stage_of[at] == idx)
-        gather_pages(self.host_units[layer], self.stage, torch.where(first, u, 0).to(torch.int32),
-                     torch.where(first, idx, -1), max_programs=self.sparse.prefetch_programs)  # fmt: skip
-        n = first.sum()
-        for name in ("fetched", "prefetched", "prefetch_waste"):  # (waste until used)
-            self._acc[_C[name]] += n
+        # one kernel: each missing unit copied once to the stage, at its listing's row
+        at, page_ids = stage_pages(
+            self.host_units[layer], self.stage, self.stage_of, pages, counts, block_tables,
+            kv_lens, self.slot_of[layer], rows, self.scratch_unit, self._acc,
+            (_C["fetched"], _C["prefetched"], _C["prefetch_waste"]),  # (waste until used)
+            max_programs=self.sparse.prefetch_programs,
+        )  # fmt: skip
+        self._predicted[layer] = (page_ids, page_ids >= 0, pages, counts)
         self._staged[layer] = at
 
     def _ensure_resident(self, layer: int, units: torch.Tensor,

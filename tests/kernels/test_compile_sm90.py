@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernels.page_score import _select_probe_kernel
-from kernels.uva_gather import NOT_STAGED, _gather_kernel
+from kernels.uva_gather import NOT_STAGED, _gather_kernel, _stage_kernel
 
 def build(fn, sig, consts, warps):
     sig = dict(sig) | {name: "constexpr" for name in consts}
@@ -54,6 +54,13 @@ for stage in (False, True):
         consts = {"E": 4096, "EB": 4096, "ROWS": rows, "NPROG": 16, "HAS_STAGE": stage,
                   "NONE": NOT_STAGED}
         out[f"gather/rows={rows}/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 8)
+stage_sig = {"SRC": "*bf16", "STAGE": "*bf16", "PAGES": "*i32", "COUNTS": "*i32",
+             "TABLES": "*i32", "LENS": "*i32", "SLOT_OF": "*i32", "STAGE_OF": "*i32",
+             "AT": "*i64", "IDS": "*i32", "ACC": "*i64", "n": "i32", "rows_written": "i32",
+             "scratch_unit": "i32", "C_FETCHED": "i32", "C_PREFETCHED": "i32", "C_WASTE": "i32"}
+consts = {"HKV": 8, "W": 164, "M": 8196, "P": 16, "E": 4096, "EB": 4096, "ROWS": 4,
+          "NPROG": 16, "NONE": NOT_STAGED}
+out["stage"] = build(_stage_kernel, stage_sig, consts, 8)
 from kernels import tier_alloc as ta
 i64, i32 = "*i64", "*i32"
 for name, sig in (

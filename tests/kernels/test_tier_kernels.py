@@ -179,9 +179,54 @@ def test_gather_rounds_of_several_units_with_a_stage(rows):
     stage = torch.randn(5, *host.shape[1:], generator=g)
     stage_of = torch.full((U,), NOT_STAGED, dtype=torch.int32)
     stage_of[src[[0, 3, 7, 8]].long()] = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
-    expected = gpu.clone()
+    expected = gpu.cpu()
     gather_reference(host, expected, src, dst, stage, stage_of)
     gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=rows,
                  use_triton=True, stage=stage.to(DEVICE), stage_of=stage_of.to(DEVICE))  # fmt: skip
     assert torch.equal(gpu.cpu(), expected.cpu())
     assert torch.equal(gpu[dst[0]].cpu(), stage[4]) and torch.equal(gpu[dst[1]].cpu(), host[src[1]])
+
+
+@needs_triton
+def test_stage_kernel_matches_reference():
+    """A prefetch's staging (kernels.uva_gather.stage_pages): the same units staged (once
+    each, duplicates included: two sequences share a page), the same page ids, counters and
+    cleanup list as the torch reference; units resident, past counts or on the pages being
+    written are left out. Which listing's row holds a duplicate may differ: compared by
+    content."""
+    from kernels.uva_gather import NOT_STAGED, stage_pages, stage_pages_reference
+
+    g = torch.Generator().manual_seed(3)
+    B, Hkv, W, M, P, D = 2, 2, 5, 8, 4, 16
+    U = 6 * 8 * Hkv  # 48 pages of 2 heads
+    host = torch.randn(U + 1, 2, P, D, generator=g)
+    tables = torch.stack([torch.randperm(40, generator=g)[:M] for _ in range(B)]).to(torch.int32)
+    tables[1, 3] = tables[0, 2]  # a shared page: its units are listed twice
+    lens = torch.tensor([30, 21], dtype=torch.int32)  # pages 7 / 5 are being written
+    pages = torch.tensor([[[0, 2, 3, 7, 1], [2, 4, 5, 0, 0]],
+                          [[3, 1, 5, 6, 0], [3, 2, 0, 0, 0]]], dtype=torch.int32)  # fmt: skip
+    counts = torch.tensor([[5, 3], [4, 2]], dtype=torch.int32)
+    slot_of = torch.full((U + 1,), -1, dtype=torch.int32)
+    slot_of[tables[0, 3].long() * Hkv] = 4  # resident: not staged
+    slot_of[U] = 9  # the scratch unit
+    out = {}
+    for name, fn in (("kernel", stage_pages), ("reference", stage_pages_reference)):
+        stage = torch.zeros(B * Hkv * W + 1, 2, P, D)
+        stage_of = torch.full((U + 1,), NOT_STAGED, dtype=torch.int32)
+        acc = torch.zeros(4, dtype=torch.long)
+        args = [host, stage.to(DEVICE), stage_of.to(DEVICE), pages.to(DEVICE), counts.to(DEVICE),
+                tables.to(DEVICE), lens.to(DEVICE), slot_of.to(DEVICE), 1, U, acc.to(DEVICE),
+                (0, 1, 3)]  # fmt: skip
+        kw = {"use_triton": True, "max_programs": 2} if name == "kernel" else {}
+        at, ids = fn(*args, **kw)
+        stage, stage_of, acc = args[1].cpu(), args[2].cpu(), args[10].cpu()
+        staged = (stage_of != NOT_STAGED).nonzero().flatten()
+        for unit in staged.tolist():
+            assert torch.equal(stage[stage_of[unit]], host[unit]), (name, unit)
+        out[name] = (set(staged.tolist()), ids.cpu(), at.cpu(), acc)
+    k, ref = out["kernel"], out["reference"]
+    assert k[0] == ref[0] and len(k[0]) == ref[3][0]
+    assert torch.equal(k[1], ref[1]) and torch.equal(k[2], ref[2]) and torch.equal(k[3], ref[3])
+    assert U not in k[0] and (tables[0, 3].long() * Hkv).item() not in k[0]
+    # listed: 9 + 6 entries; resident 1, on written pages: (0, 7) x1, (1, 5) x1
+    assert ref[3].tolist() == [len(k[0]), len(k[0]), 0, len(k[0])] and len(k[0]) > 5
