@@ -170,6 +170,19 @@ case "${1:-1}" in
         --prefetch off forecast --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -30 "$OUT/profile.log" ;;
+19) # 500K prefetch modes with the one-kernel staging, the 16-program gathers, the steadier
+    # select-method pick and the 64-program gather of staged pages
+    timeout 40 python3 -m pytest -q tests/kernels/test_tier_kernels.py > "$OUT/kernels.log" 2>&1
+    tail -2 "$OUT/kernels.log"
+    timeout 510 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants worst realistic --prefetch off forecast oracle \
+        --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_500k.log" ;;
+20) # 128K prefetch modes, same code as 19
+    timeout 170 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/e2e_128k.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HAS_TRITON
-from kernels.uva_gather import NOT_STAGED, gather_pages
+from kernels.uva_gather import GATHER_PROGRAMS, NOT_STAGED, gather_pages
 
 NEVER = torch.iinfo(torch.int32).max  # a protected slot's value
 NO_CLAIM = torch.iinfo(torch.long).max
@@ -234,7 +234,9 @@ def _gather(st, src, dst, acc, counters, stage, before_gather) -> None:
         gather_pages(st.host_units, st.slots, src, dst)
         return
     rows, stage_of = stage
-    gather_pages(st.host_units, st.slots, src, dst, stage=rows, stage_of=stage_of)
+    # mostly device-to-device copies (the staged units) and a few host reads: more programs
+    gather_pages(st.host_units, st.slots, src, dst, stage=rows, stage_of=stage_of,
+                 max_programs=4 * GATHER_PROGRAMS)  # fmt: skip
     hits = ((dst >= 0) & (stage_of[src.long()] != NOT_STAGED)).sum()
     acc[counters["prefetch_hits"]] += hits
     for name in ("fetched", "demand_fetched", "prefetch_waste"):

@@ -200,6 +200,7 @@ def test_stage_kernel_matches_reference():
     B, Hkv, W, M, P, D = 2, 2, 5, 8, 4, 16
     U = 6 * 8 * Hkv  # 48 pages of 2 heads
     host = torch.randn(U + 1, 2, P, D, generator=g)
+    host = host.pin_memory() if DEVICE == "cuda" else host
     tables = torch.stack([torch.randperm(40, generator=g)[:M] for _ in range(B)]).to(torch.int32)
     tables[1, 3] = tables[0, 2]  # a shared page: its units are listed twice
     lens = torch.tensor([30, 21], dtype=torch.int32)  # pages 7 / 5 are being written
