@@ -178,7 +178,8 @@ case "${1:-1}" in
         --chunk 16384 --variants worst realistic --prefetch off forecast oracle \
         --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
     tail -7 "$OUT/e2e_500k.log" ;;
-20) # 128K prefetch modes, same code as 19
+20) # 128K prefetch modes, with the residency snapshot (the prefetch staged only 30% of a 500K
+    # worst case's pages in 19: it read slots the main stream was assigning beside it)
     timeout 170 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
         --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
         > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"

@@ -230,6 +230,12 @@ class TieredKV:
         self._staged: dict[int, torch.Tensor] = {}
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # the prefetch reads which units are resident from a copy taken before it forks: the
+        # main stream's allocation for the same layer runs beside it and marks the units it
+        # is about to fetch resident, which left them unstaged (only 30% of a 500K worst
+        # case's pages were staged, runbook 19); two copies, for consecutive layers
+        self._resident = (torch.empty(2, units + 1, dtype=torch.int32, device=device)
+                          if self._side is not None else None)  # fmt: skip
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
@@ -504,13 +510,19 @@ class TieredKV:
             miss = torch.rand(exact.shape, device=self.device) >= sp.synthetic_recall
             scores = exact - 4.0 * miss.float()
 
+        resident = None
+        if self._resident is not None:
+            resident = self._resident[nxt % 2]
+            resident.copy_(self.slot_of[nxt])
+
         def predict_and_fetch() -> None:
             if scores is not None:
                 q = residual.new_zeros(B, 1, 1, self.D)
             else:
                 q = self.forecast.query(nxt, residual, ctx)
                 q = q.view(B, q.shape[0] // B, *q.shape[1:])
-            self.prefetch(nxt, q, tables, lens, scores, rows=residual.shape[0] // B)
+            self.prefetch(nxt, q, tables, lens, scores, rows=residual.shape[0] // B,
+                          resident=resident)  # fmt: skip
 
         if self._side is None:  # (inline; still "pending", so a CPU run takes the same path)
             predict_and_fetch()
@@ -537,13 +549,14 @@ class TieredKV:
 
     def prefetch(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: torch.Tensor, scores: torch.Tensor | None = None,
-                 rows: int = 1) -> None:  # fmt: skip
+                 rows: int = 1, resident: torch.Tensor | None = None) -> None:  # fmt: skip
         """Select `layer`'s pages for the predicted queries q [B, T, Hq, D] and copy the
         missing ones from the host to the stage, on the device (the exact step at that layer
         fills its slots from there and fetches only what the prediction missed). It never
         touches the slots or the page table, so the main stream runs beside it up to its
         own fetch; the pages that this step's `rows` rows per sequence go to are left out
-        (their host copy is being written)."""
+        (their host copy is being written). `resident`: the layer's slot table as it was
+        before the prefetch forked (None: the live one)."""
         B, Hkv = q.shape[0], self.Hkv
         for stale in self._staged.values():  # a step that never reached its fetch
             self.stage_of.index_fill_(0, stale, NOT_STAGED)
@@ -559,7 +572,8 @@ class TieredKV:
         # one kernel: each missing unit copied once to the stage, at its listing's row
         at, page_ids = stage_pages(
             self.host_units[layer], self.stage, self.stage_of, pages, counts, block_tables,
-            kv_lens, self.slot_of[layer], rows, self.scratch_unit, self._acc,
+            kv_lens, self.slot_of[layer] if resident is None else resident, rows,
+            self.scratch_unit, self._acc,
             (_C["fetched"], _C["prefetched"], _C["prefetch_waste"]),  # (waste until used)
             max_programs=self.sparse.prefetch_programs,
         )  # fmt: skip
