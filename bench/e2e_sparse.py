@@ -137,11 +137,12 @@ def run_ours(args, mode: str) -> list[dict]:
     timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
     rows = []
     variants = args.variants if mode == "sparse" else ["dense-resident"]
-    runs = [(v, p, g) for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
+    runs = [(v, p, g, hi) for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
             for g in (args.prefetch_programs if p != "off" else [None])
+            for hi in (args.prefetch_priority if p != "off" else ["normal"])
             if not (v == "quest" and p == "oracle")]  # fmt: skip
     first = runs[0]
-    for variant, prefetch, programs in runs:
+    for variant, prefetch, programs, priority in runs:
         tiers = engine.runner.tiers
         if tiers is not None:
             tiers.sparse.synthetic = {"quest": None, "realistic": args.locality,
@@ -152,13 +153,14 @@ def run_ours(args, mode: str) -> list[dict]:
             tiers.sparse.forecast = "off" if prefetch == "off" else "free"
             tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else args.forecast_recall
             tiers.sparse.prefetch_programs = programs
+            tiers.sparse.prefetch_high_priority = priority == "high"
             engine.runner.reset_graphs()  # the selection path is part of the graph
             # capture this variant's graph at this length (the first variant: the prefill)
             warm = timed_decode(engine, prompts, 4)
             tiers.reset_stats()
         row = {"context": n, "batch": b, "mode": mode, "variant": variant, "prefetch": prefetch,
-               "prefetch_programs": programs, **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
-        if tiers is not None and (variant, prefetch, programs) == first:
+               "prefetch_programs": programs, "prefetch_priority": priority, **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
+        if tiers is not None and (variant, prefetch, programs, priority) == first:
             row["prefill_s"] = warm["prefill_s"]  # the timed run found the prompt cached
         if tiers is not None:
             st = tiers.stats
@@ -286,6 +288,8 @@ def main() -> None:
         default=[None],
         help="the prefetch gather's programs (default: 16); one run each",
     )
+    ap.add_argument("--prefetch-priority", nargs="+", default=["normal"], choices=["normal", "high"],
+                    help="the prefetch stream's priority; one run each")  # fmt: skip
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--chunk", type=int, default=8192, help="prefill tokens per step")
@@ -317,6 +321,8 @@ def main() -> None:
         pf = f" {r.get('prefetch', '-'):>8}"
         if r.get("prefetch_programs"):
             pf += f"/{r['prefetch_programs']}"
+        if r.get("prefetch_priority") == "high":
+            pf += "/hi"
         if r.get("recall") is not None:
             extra += (f"  recall {r['recall']:6.1%}  critical {r['critical_mb_per_token']:6.1f} "
                       f"MB/token")  # fmt: skip

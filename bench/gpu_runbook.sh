@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (14, 15 and 16 are the next session's first)
+#   bash bench/gpu_runbook.sh N    (21, 19 and 16 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -184,6 +184,17 @@ case "${1:-1}" in
         --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
         > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
     tail -7 "$OUT/e2e_128k.log" ;;
+21) # next session first: the prefetch stream at high priority against normal (128K, worst and
+    # realistic), then the worst case's timeline with it; then 19 (500K with the residency
+    # snapshot, not measured yet) and 16 (recurring selections, batch-8 verification)
+    timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast oracle --prefetch-priority normal high \
+        --json "$OUT/e2e_128k_priority.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -11 "$OUT/e2e_128k.log"
+    timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
+        --prefetch off forecast --prefetch-priority high --json "$OUT/profile.json" \
+        > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -30 "$OUT/profile.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

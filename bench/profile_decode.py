@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--variant", default="realistic", choices=["quest", "realistic", "worst"])
     ap.add_argument("--prefetch-programs", type=int, default=None)
+    ap.add_argument("--prefetch-priority", default="normal", choices=["normal", "high"])
     ap.add_argument("--prefetch", nargs="+", default=["off", "forecast"])
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
@@ -153,6 +154,7 @@ def main() -> None:
         tiers.sparse.forecast = "off" if prefetch == "off" else "free"
         tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else 0.92
         tiers.sparse.prefetch_programs = args.prefetch_programs
+        tiers.sparse.prefetch_high_priority = args.prefetch_priority == "high"
         runner.reset_graphs()
         timed_decode(engine, prompts, 4)  # prefill (first time) and graph capture
         graph = timed_decode(engine, prompts, args.new_tokens)

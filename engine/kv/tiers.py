@@ -93,6 +93,10 @@ class SparseConfig:
     # per SM at most; None: the demand gather's default, 16 on a GPU): fewer leave more of
     # the GPU to the work it overlaps
     prefetch_programs: int | None = None
+    # the prefetch's stream at the GPU's highest priority: its chain (prediction, selection,
+    # staging) is what the main stream waits for, and beside the main stream's GEMMs its
+    # selection ran at half speed (runbook 18); False: default priority
+    prefetch_high_priority: bool = False
     # evaluation only: each layer past the first reads the Forecast's predicted pages instead
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
@@ -230,6 +234,11 @@ class TieredKV:
         self._staged: dict[int, torch.Tensor] = {}
         self.recall_by_layer = torch.zeros(self.L, 2, dtype=torch.long, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # the same at the highest priority (SparseConfig.prefetch_high_priority): the GPU
+        # then starts the prefetch's blocks before the main stream's waiting ones
+        # (torch maps a priority past the device's range to its highest)
+        self._side_high = (torch.cuda.Stream(device, priority=-100)
+                           if device.type == "cuda" else None)  # fmt: skip
         # the prefetch reads which units are resident from a copy taken before it forks: the
         # main stream's allocation for the same layer runs beside it and marks the units it
         # is about to fetch resident, which left them unstaged (only 30% of a 500K worst
@@ -531,14 +540,15 @@ class TieredKV:
         # everything the prediction and the staging do runs on the side stream, beside the
         # main stream's MLP and the next layer's projections, selection and slot allocation
         main = torch.cuda.current_stream(self.device)
-        self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
+        side = self._side_high if sp.prefetch_high_priority else self._side
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
             predict_and_fetch()
         for t in (residual, tables, lens, ctx.cos, ctx.sin, scores):
             if t is not None:
-                t.record_stream(self._side)
+                t.record_stream(side)
         done = torch.cuda.Event()
-        done.record(self._side)
+        done.record(side)
         self._pending[nxt] = done
 
     def _join(self, layer: int) -> None:
