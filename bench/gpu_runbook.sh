@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (21, 19 and 16 are the next session's first)
+#   bash bench/gpu_runbook.sh N    (21, 22, 19 and 16 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -184,13 +184,16 @@ case "${1:-1}" in
         --prefetch off forecast oracle --json "$OUT/e2e_128k_prefetch.json" \
         > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
     tail -7 "$OUT/e2e_128k.log" ;;
-21) # next session first: the prefetch stream at high priority against normal (128K, worst and
-    # realistic), then the worst case's timeline with it; then 19 (500K with the residency
-    # snapshot, not measured yet) and 16 (recurring selections, batch-8 verification)
-    timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
-        --prefetch off forecast oracle --prefetch-priority normal high \
+21) # next session first: the checks (now with the "auto" prefetch policy switching graphs),
+    # then 128K prefetch modes with the policy and the prefetch stream at high priority
+    # against normal; then 22, 19 (500K with the residency snapshot, not measured yet) and 16
+    timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
+    tail -10 "$OUT/check.log"
+    timeout 300 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast auto oracle --prefetch-priority normal high \
         --json "$OUT/e2e_128k_priority.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
-    tail -11 "$OUT/e2e_128k.log"
+    tail -15 "$OUT/e2e_128k.log" ;;
+22) # the worst case's timeline with the prefetch stream at high priority
     timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
         --prefetch off forecast --prefetch-priority high --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"

@@ -99,6 +99,19 @@ def graphs_check(load, prompts, params, budget_bytes, expected) -> None:
         print(f"[{'ok' if got == expected else 'FAIL'}] Forecast {forecast} prefetch in CUDA "
               f"graphs == no prefetch; recall {st.recall:.1%}, prefetched {st.prefetched}, "
               f"hits {st.prefetch_hits}, on demand {st.demand_fetched}")  # fmt: skip
+    # the "auto" policy switching between the prefetching and the plain graphs: a threshold
+    # between two steps' needs so that it flips, read back with the tokens (launch ahead)
+    sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=budget_bytes, forecast="free",
+                          prefetch_policy="auto", prefetch_on_mib=1e-6, prefetch_off_mib=0.0)  # fmt: skip
+    graphed = load(sparse, graphs=True)
+    got = [c.token_ids for c in graphed.generate(prompts, params)]
+    tiers = graphed.runner.tiers
+    st = tiers.stats
+    keys = sorted({k[2] for k in graphed.runner.graphs if isinstance(k, tuple)})
+    ok = got == expected and st.prefetched > 0 and keys == [False, True]
+    print(f"[{'ok' if ok else 'FAIL'}] auto prefetch policy in CUDA graphs == no prefetch; "
+          f"graphs prefetching {keys}, need {tiers.need_mib:.3f} MiB per layer-step, "
+          f"prefetched {st.prefetched}, hits {st.prefetch_hits}")  # fmt: skip
 
 
 if __name__ == "__main__":

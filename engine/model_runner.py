@@ -53,7 +53,7 @@ class ModelRunner(VerifyGraphs):
             self.tiers.forecast = make_forecast(model, engine_cfg.sparse)
         # decode graphs by batch size; with the tiered cache by (batch size, page budget),
         # captured when first needed (the budget grows with the context)
-        self.graphs: dict[int | tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int | tuple, torch.cuda.CUDAGraph] = {}
         sp = engine_cfg.sparse
         self.use_graphs = (
             engine_cfg.cuda_graphs
@@ -149,6 +149,8 @@ class ModelRunner(VerifyGraphs):
         turn = self.token_turn
         self.token_turn ^= 1
         self.token_host[turn][: key_size(key)].copy_(self.graph_argmax[key], non_blocking=True)
+        if self.tiers is not None:
+            self.tiers.policy_read()  # (read back with the tokens)
         self.token_events[turn].record()
         return turn, [it.seq.seq_id for it in out.scheduled]
 
@@ -156,6 +158,8 @@ class ModelRunner(VerifyGraphs):
         turn, seq_ids = handle
         self.token_events[turn].synchronize()
         tokens = self.token_host[turn][: len(seq_ids)].tolist()
+        if self.tiers is not None:
+            self.tiers.policy_update()
         return dict(zip(seq_ids, tokens, strict=True))
 
     @torch.inference_mode()
@@ -183,6 +187,9 @@ class ModelRunner(VerifyGraphs):
         gens = [self._generator(item.seq) for item in sampling]
         generated = [item.seq.completion_token_ids for item in sampling]
         tokens = sample(logits[: len(sampling)].float(), params, gens, generated)
+        if self.tiers is not None and all(q == 1 for q in query_lens):  # decode steps only
+            self.tiers.policy_read()
+            self.tiers.policy_update()  # (the tokens were read back: the step is done)
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
     @torch.inference_mode()
@@ -296,11 +303,12 @@ class ModelRunner(VerifyGraphs):
     def _graph_size(self, bs: int) -> int | None:
         return next((s for s in self.graph_sizes if s >= bs), None)
 
-    def _graph_key(self, bs: int, kv_lens: list[int]) -> int | tuple[int, int]:
+    def _graph_key(self, bs: int, kv_lens: list[int]) -> int | tuple:
         size = self._graph_size(bs)
         if self.tiers is None:
             return size
-        return size, self.tiers.budget_for(max(kv_lens), self.max_pages)
+        # (prefetching or not: two graphs, the "auto" prefetch policy switches between them)
+        return size, self.tiers.budget_for(max(kv_lens), self.max_pages), self.tiers.prefetching()
 
     def _graph_sizes(self) -> list[int]:
         sizes = [1, 2, 4, 8] + list(range(16, self.engine_cfg.max_num_seqs + 1, 16))
@@ -361,7 +369,7 @@ class ModelRunner(VerifyGraphs):
                 self._capture(size)
         torch.cuda.synchronize()
 
-    def _capture(self, key: int | tuple[int, int]) -> None:
+    def _capture(self, key: int | tuple) -> None:
         """Capture the decode graph of one batch size (and, with the tiered cache, one page
         budget). Its warm-up runs on padding rows: they write the scratch page and read
         nothing else (the ids, possibly the previous graph's tokens, stay as they are)."""
@@ -452,5 +460,5 @@ def make_forecast(model, sparse):
     return None
 
 
-def key_size(key: int | tuple[int, int]) -> int:
+def key_size(key: int | tuple) -> int:
     return key if isinstance(key, int) else key[0]

@@ -97,6 +97,14 @@ class SparseConfig:
     # staging) is what the main stream waits for, and beside the main stream's GEMMs its
     # selection ran at half speed (runbook 18); False: default priority
     prefetch_high_priority: bool = False
+    # "always": prefetch at every step (with a forecast); "auto": only while the steps need
+    # many pages from the host: on once the pages a layer fetches per step (on demand or
+    # staged) pass `prefetch_on_mib`, off again below `prefetch_off_mib` (moving average
+    # over steps). On the H200 at 128K the prefetch paid with ~7.5 MB per layer-step (worst
+    # case: 1.09x) and cost 10% with ~1.1 MB (the realistic case), docs/benchmarks.md
+    prefetch_policy: str = "always"
+    prefetch_on_mib: float = 4.0
+    prefetch_off_mib: float = 2.0
     # evaluation only: each layer past the first reads the Forecast's predicted pages instead
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
@@ -117,10 +125,16 @@ class SparseConfig:
             raise ValueError(f"summary must be quest or mean, got {self.summary!r}")
         if self.layer_group < 1 or self.sink_pages < 0 or self.window_pages < 1:
             raise ValueError("layer_group >= 1, sink_pages >= 0 and window_pages >= 1")
+        if self.prefetch_policy not in ("always", "auto"):
+            raise ValueError(
+                f"prefetch_policy must be always or auto, got {self.prefetch_policy!r}"
+            )
+        if not 0 <= self.prefetch_off_mib <= self.prefetch_on_mib:
+            raise ValueError("0 <= prefetch_off_mib <= prefetch_on_mib")
         if self.forecast not in ("off", "free", "trained"):
             raise ValueError(f"forecast must be off, free or trained, got {self.forecast!r}")
-        if self.forecast_only and self.forecast == "off":
-            raise ValueError("forecast_only needs a forecast")
+        if self.forecast_only and (self.forecast == "off" or self.prefetch_policy != "always"):
+            raise ValueError("forecast_only needs a forecast at every step")
 
     def budget_pages(self, n_pages: int, page_size: int) -> int:
         want = 0
@@ -245,6 +259,16 @@ class TieredKV:
         # case's pages were staged, runbook 19); two copies, for consecutive layers
         self._resident = (torch.empty(2, units + 1, dtype=torch.int32, device=device)
                           if self._side is not None else None)  # fmt: skip
+        # the "auto" prefetch policy: whether the next steps prefetch, what the last steps
+        # needed from the host (MiB per layer-step, a moving average), and the counters it
+        # last read (steps, demand fetches, prefetch hits: a pinned copy read after a step)
+        self.prefetch_on = sparse.prefetch_policy == "always"
+        self.need_mib: float | None = None
+        self._policy_seen = (0, 0, 0)
+        self._policy_host = torch.zeros(3, dtype=torch.long,
+                                        pin_memory=device.type == "cuda")  # fmt: skip
+        self._policy_idx = torch.tensor([_C["steps"], _C["demand_fetched"], _C["prefetch_hits"]],
+                                        device=device)  # fmt: skip
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
@@ -499,12 +523,45 @@ class TieredKV:
 
     # -- Forecast prefetch ------------------------------------------------------------------
 
+    def prefetching(self) -> bool:
+        """Whether decode steps prefetch now (a forecast, and the policy says so)."""
+        sp = self.sparse
+        return sp.forecast != "off" and (sp.prefetch_policy == "always" or self.prefetch_on)
+
+    def policy_read(self) -> None:
+        """Queue a copy of the counters the "auto" policy reads, after a step's kernels (no
+        wait: `policy_update` reads it once the step is known to be done)."""
+        if self.sparse.prefetch_policy == "auto" and self.sparse.forecast != "off":
+            self._policy_host.copy_(self._acc[self._policy_idx], non_blocking=True)
+
+    def policy_update(self) -> None:
+        """After a step that `policy_read` followed is done: the pages it needed from the
+        host per layer (on demand or from the stage), into the moving average, and the
+        prefetch on or off by the thresholds (with hysteresis)."""
+        sp = self.sparse
+        if sp.prefetch_policy != "auto" or sp.forecast == "off":
+            return
+        now = tuple(self._policy_host.tolist())
+        if now[0] < self._policy_seen[0]:  # the counters were reset
+            self._policy_seen = (0, 0, 0)
+        steps = now[0] - self._policy_seen[0]
+        if steps <= 0:
+            return
+        units = (now[1] - self._policy_seen[1]) + (now[2] - self._policy_seen[2])
+        self._policy_seen = now
+        mib = units * self.unit_bytes / steps / 2**20
+        self.need_mib = mib if self.need_mib is None else 0.5 * self.need_mib + 0.5 * mib
+        if self.prefetch_on and self.need_mib < sp.prefetch_off_mib:
+            self.prefetch_on = False
+        elif not self.prefetch_on and self.need_mib > sp.prefetch_on_mib:
+            self.prefetch_on = True
+
     def after_attention(self, layer: int, residual: torch.Tensor, ctx) -> None:
         """Layer `layer`'s attention is done (residual: the stream before its MLP): predict
         the next layer's selection and fetch its missing pages, on a side stream on a GPU."""
         nxt = layer + 1
         sp = self.sparse
-        if sp.forecast == "off" or nxt >= self.L or nxt % sp.layer_group:
+        if not self.prefetching() or nxt >= self.L or nxt % sp.layer_group:
             return
         tables, lens = ctx.tier_tables, ctx.tier_lens
         B = tables.shape[0]

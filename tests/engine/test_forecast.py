@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import Engine, SamplingParams
 from engine.config import EngineConfig
@@ -20,9 +21,10 @@ PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
 UNIT = 2 * 16 * 64 * 4  # one page of one KV head, fp32
 
 
-def load(forecast: str) -> Engine:
+def load(forecast: str, **policy) -> Engine:
     # 60 slots per layer: most of the ~190 page-heads of context live only on the host
-    sparse = SparseConfig(budget_fraction=0.1, gpu_kv_budget=30 * 60 * UNIT, forecast=forecast)
+    sparse = SparseConfig(budget_fraction=0.1, gpu_kv_budget=30 * 60 * UNIT, forecast=forecast,
+                          **policy)  # fmt: skip
     return Engine.load(
         None, device="cpu", dtype="float32", weights="dense", config=EngineConfig(sparse=sparse)
     )
@@ -31,8 +33,14 @@ def load(forecast: str) -> Engine:
 @pytest.fixture(scope="module")
 def runs():
     out = {}
-    for forecast in ("off", "free"):
-        engine = load(forecast)
+    # "auto" policies: one whose threshold every step passes, one that no step reaches
+    policies = {
+        "auto-on": {"prefetch_on_mib": 1e-6, "prefetch_off_mib": 0.0},
+        "auto-off": {"prefetch_on_mib": 1e6, "prefetch_off_mib": 1e6},
+    }
+    for forecast in ("off", "free", "auto-on", "auto-off"):
+        policy = policies.get(forecast)
+        engine = load("free", prefetch_policy="auto", **policy) if policy else load(forecast)
         text = (ROOT / "README.md").read_text()[:3000]
         prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
         tokens = engine.generate([prompt], PARAMS)[0].token_ids
@@ -49,6 +57,56 @@ def test_prefetch_changes_speed_never_tokens(runs):
     assert stats.prefetched > 0 and stats.prefetch_hits > stats.demand_fetched
     assert stats.demand_fetched < plain_stats.demand_fetched / 2
     assert stats.prefetch_hits + stats.prefetch_waste == stats.prefetched
+
+
+def test_auto_policy_prefetches_only_when_steps_need_the_host(runs):
+    """The "auto" prefetch policy measures what each step needed from the host (MiB per
+    layer-step) and prefetches only above its threshold; tokens never change."""
+    plain, plain_stats, _ = runs["off"]
+    for name in ("auto-on", "auto-off"):
+        tokens, stats, tiers = runs[name]
+        assert tokens == plain, name
+        assert tiers.need_mib is not None and tiers.need_mib > 0  # this run fetches
+    _, on, on_tiers = runs["auto-on"]
+    _, always, _ = runs["free"]
+    assert on_tiers.prefetch_on and on.prefetched > 0
+    assert on.prefetched < always.prefetched  # (the first decode step measured, off)
+    _, off, off_tiers = runs["auto-off"]
+    assert not off_tiers.prefetch_on and off.prefetched == 0
+    assert off.demand_fetched == plain_stats.demand_fetched
+
+
+def test_auto_policy_switches_with_hysteresis(runs):
+    """Above the on threshold it turns on, between the two it stays as it is, below the
+    off threshold it turns off (a moving average of the steps' needs)."""
+    _, _, tiers = runs["auto-off"]
+    sp, unit = tiers.sparse, tiers.unit_bytes
+    saved = (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.prefetch_on, tiers.need_mib,
+             tiers._policy_seen)  # fmt: skip
+    try:
+        sp.prefetch_on_mib, sp.prefetch_off_mib = 4.0, 2.0
+        tiers.prefetch_on, tiers.need_mib, tiers._policy_seen = False, None, (0, 0, 0)
+        seen = [0, 0, 0]
+
+        def step(mib_per_layer_step: float, layer_steps: int = 30) -> bool:
+            units = round(mib_per_layer_step * 2**20 / unit) * layer_steps
+            seen[0] += layer_steps
+            seen[1] += units // 2  # half on demand, half from the stage: both count
+            seen[2] += units - units // 2
+            tiers._policy_host.copy_(torch.tensor(seen))
+            tiers.policy_update()
+            return tiers.prefetch_on
+
+        assert not step(3.0) and not step(3.5)  # between the thresholds: stays off
+        assert step(8.0)  # average 5.75: on
+        assert step(2.5) and step(2.2)  # average 4.1, then 3.2: stays on
+        assert not step(0.5)  # average 1.9: off
+        tiers._policy_host.zero_()  # counters reset (engine.reset_stats): no false reading
+        tiers.policy_update()
+        assert not tiers.prefetch_on and tiers._policy_seen == (0, 0, 0)
+    finally:
+        (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.prefetch_on, tiers.need_mib,
+         tiers._policy_seen) = saved  # fmt: skip
 
 
 def test_training_free_recall_beats_the_previous_steps_pages(runs):
