@@ -150,7 +150,7 @@ class ModelRunner(VerifyGraphs):
         self.token_turn ^= 1
         self.token_host[turn][: key_size(key)].copy_(self.graph_argmax[key], non_blocking=True)
         if self.tiers is not None:
-            self.tiers.policy_read()  # (read back with the tokens)
+            self.tiers.policy_read(turn)  # (read back with the tokens)
         self.token_events[turn].record()
         return turn, [it.seq.seq_id for it in out.scheduled]
 
@@ -159,7 +159,7 @@ class ModelRunner(VerifyGraphs):
         self.token_events[turn].synchronize()
         tokens = self.token_host[turn][: len(seq_ids)].tolist()
         if self.tiers is not None:
-            self.tiers.policy_update()
+            self.tiers.policy_update(turn)
         return dict(zip(seq_ids, tokens, strict=True))
 
     @torch.inference_mode()
@@ -188,8 +188,8 @@ class ModelRunner(VerifyGraphs):
         generated = [item.seq.completion_token_ids for item in sampling]
         tokens = sample(logits[: len(sampling)].float(), params, gens, generated)
         if self.tiers is not None and all(q == 1 for q in query_lens):  # decode steps only
-            self.tiers.policy_read()
-            self.tiers.policy_update()  # (the tokens were read back: the step is done)
+            self.tiers.policy_read(wait=True)
+            self.tiers.policy_update()
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
     @torch.inference_mode()

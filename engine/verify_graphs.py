@@ -62,7 +62,7 @@ class VerifyGraphs:
 
     def _capture_verify(self, key: tuple[int, int, int]) -> bool:
         """Capture the key's graph; False where the GPU tier cannot hold its width."""
-        size, T, budget = key
+        size, T, budget, _ = key  # (prefetching or not: read at capture)
         tiers = self.tiers
         width = tiers.verify_width_for(size, T, budget, self.max_pages)
         if width is None:
@@ -95,7 +95,12 @@ class VerifyGraphs:
         union did not fit the graph's width (the caller verifies eagerly)."""
         bs = len(kv_lens)
         size = self._graph_size(bs)
-        key = (size, T, self.tiers.budget_for(max(kv_lens), self.max_pages))
+        key = (
+            size,
+            T,
+            self.tiers.budget_for(max(kv_lens), self.max_pages),
+            self.tiers.prefetching(),
+        )  # (the "auto" prefetch policy: both kinds)
         tally = self.vgraph_tally.setdefault(key, [0, 0])  # replays, fallbacks
         if key in self.vgraph_off or (tally[1] >= 8 and tally[1] > tally[0]):
             return None

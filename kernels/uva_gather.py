@@ -64,8 +64,8 @@ if HAS_TRITON:
     @triton.jit
     def _stage_kernel(
         SRC, STAGE, PAGES, COUNTS, TABLES, LENS, SLOT_OF, STAGE_OF, AT, IDS, ACC,
-        n, rows_written, scratch_unit, C_FETCHED, C_PREFETCHED, C_WASTE,
-        HKV: tl.constexpr, W: tl.constexpr, M: tl.constexpr, P: tl.constexpr,
+        n, M, rows_written, scratch_unit, C_FETCHED, C_PREFETCHED, C_WASTE,
+        HKV: tl.constexpr, W: tl.constexpr, P: tl.constexpr,
         E: tl.constexpr, EB: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr,
         NONE: tl.constexpr,
     ):  # fmt: skip
@@ -234,8 +234,8 @@ def stage_pages(
     nprog = max(1, min(max_programs, triton.cdiv(n, rows)))
     _stage_kernel[(nprog,)](
         src_arg, stage, pages.contiguous(), counts.contiguous(), tables.contiguous(),
-        lens.contiguous(), slot_of, stage_of, at, ids, acc, n, rows_written, scratch_unit,
-        *counters, HKV=Hkv, W=W, M=tables.shape[1], P=stage.shape[2], E=E, EB=EB, ROWS=rows,
+        lens.contiguous(), slot_of, stage_of, at, ids, acc, n, tables.shape[1], rows_written,
+        scratch_unit, *counters, HKV=Hkv, W=W, P=stage.shape[2], E=E, EB=EB, ROWS=rows,
         NPROG=nprog, NONE=NOT_STAGED, num_warps=8 if rows * EB >= 8192 else 4,
     )  # fmt: skip
     return at, ids

@@ -265,8 +265,9 @@ class TieredKV:
         self.prefetch_on = sparse.prefetch_policy == "always"
         self.need_mib: float | None = None
         self._policy_seen = (0, 0, 0)
-        self._policy_host = torch.zeros(3, dtype=torch.long,
-                                        pin_memory=device.type == "cuda")  # fmt: skip
+        self._policy_host = torch.zeros(
+            2, 3, dtype=torch.long, pin_memory=device.type == "cuda"
+        )  # (per token turn)
         self._policy_idx = torch.tensor([_C["steps"], _C["demand_fetched"], _C["prefetch_hits"]],
                                         device=device)  # fmt: skip
         self._gen = torch.Generator(device=device).manual_seed(sparse.seed)
@@ -291,6 +292,8 @@ class TieredKV:
 
     def reset_stats(self) -> None:
         self._acc.zero_()
+        self._policy_seen = (0, 0, 0)  # (the "auto" policy's last reading: before the reset)
+        self._policy_host.zero_()
         self.recall_by_layer.zero_()
         for stale in self._staged.values():
             self.stage_of.index_fill_(0, stale, NOT_STAGED)
@@ -528,20 +531,21 @@ class TieredKV:
         sp = self.sparse
         return sp.forecast != "off" and (sp.prefetch_policy == "always" or self.prefetch_on)
 
-    def policy_read(self) -> None:
-        """Queue a copy of the counters the "auto" policy reads, after a step's kernels (no
-        wait: `policy_update` reads it once the step is known to be done)."""
+    def policy_read(self, turn: int = 0, wait: bool = False) -> None:
+        """Copy the counters the "auto" policy reads into the host buffer of `turn` (one per
+        step in flight), after a step's kernels: queued (`wait` False: `policy_update(turn)`
+        reads it once that step is known to be done, e.g. its tokens' event) or now."""
         if self.sparse.prefetch_policy == "auto" and self.sparse.forecast != "off":
-            self._policy_host.copy_(self._acc[self._policy_idx], non_blocking=True)
+            self._policy_host[turn].copy_(self._acc[self._policy_idx], non_blocking=not wait)
 
-    def policy_update(self) -> None:
-        """After a step that `policy_read` followed is done: the pages it needed from the
-        host per layer (on demand or from the stage), into the moving average, and the
+    def policy_update(self, turn: int = 0) -> None:
+        """After a step that `policy_read(turn)` followed is done: the pages it needed from
+        the host per layer (on demand or from the stage), into the moving average, and the
         prefetch on or off by the thresholds (with hysteresis)."""
         sp = self.sparse
         if sp.prefetch_policy != "auto" or sp.forecast == "off":
             return
-        now = tuple(self._policy_host.tolist())
+        now = tuple(self._policy_host[turn].tolist())
         if now[0] < self._policy_seen[0]:  # the counters were reset
             self._policy_seen = (0, 0, 0)
         steps = now[0] - self._policy_seen[0]

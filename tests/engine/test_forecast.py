@@ -93,7 +93,7 @@ def test_auto_policy_switches_with_hysteresis(runs):
             seen[0] += layer_steps
             seen[1] += units // 2  # half on demand, half from the stage: both count
             seen[2] += units - units // 2
-            tiers._policy_host.copy_(torch.tensor(seen))
+            tiers._policy_host[0].copy_(torch.tensor(seen))
             tiers.policy_update()
             return tiers.prefetch_on
 
@@ -101,7 +101,7 @@ def test_auto_policy_switches_with_hysteresis(runs):
         assert step(8.0)  # average 5.75: on
         assert step(2.5) and step(2.2)  # average 4.1, then 3.2: stays on
         assert not step(0.5)  # average 1.9: off
-        tiers._policy_host.zero_()  # counters reset (engine.reset_stats): no false reading
+        tiers.reset_stats()  # counters reset: no false reading against the old ones
         tiers.policy_update()
         assert not tiers.prefetch_on and tiers._policy_seen == (0, 0, 0)
     finally:

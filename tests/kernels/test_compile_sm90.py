@@ -56,9 +56,9 @@ for stage in (False, True):
         out[f"gather/rows={rows}/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 8)
 stage_sig = {"SRC": "*bf16", "STAGE": "*bf16", "PAGES": "*i32", "COUNTS": "*i32",
              "TABLES": "*i32", "LENS": "*i32", "SLOT_OF": "*i32", "STAGE_OF": "*i32",
-             "AT": "*i64", "IDS": "*i32", "ACC": "*i64", "n": "i32", "rows_written": "i32",
+             "AT": "*i64", "IDS": "*i32", "ACC": "*i64", "n": "i32", "M": "i32", "rows_written": "i32",
              "scratch_unit": "i32", "C_FETCHED": "i32", "C_PREFETCHED": "i32", "C_WASTE": "i32"}
-consts = {"HKV": 8, "W": 164, "M": 8196, "P": 16, "E": 4096, "EB": 4096, "ROWS": 4,
+consts = {"HKV": 8, "W": 164, "P": 16, "E": 4096, "EB": 4096, "ROWS": 4,
           "NPROG": 16, "NONE": NOT_STAGED}
 out["stage"] = build(_stage_kernel, stage_sig, consts, 8)
 from kernels import tier_alloc as ta
