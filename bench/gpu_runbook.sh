@@ -193,7 +193,14 @@ case "${1:-1}" in
         --prefetch off forecast auto oracle --prefetch-priority normal high \
         --json "$OUT/e2e_128k_priority.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
     tail -15 "$OUT/e2e_128k.log" ;;
-22) # the worst case's timeline with the prefetch stream at high priority
+22) # the histogram top-k (4 byte-wide rounds) against the probe kernels, then the worst
+    # case's timeline with the prefetch stream at high priority
+    timeout 60 python3 -m pytest -q tests/kernels/test_page_score.py -k "select or extreme or ties" \
+        > "$OUT/select_tests.log" 2>&1; tail -2 "$OUT/select_tests.log"
+    timeout 80 python3 -m bench.select_bench --contexts 131136 500000 --budgets 0.02 \
+        --methods bisect probe2 hist radix --json "$OUT/select.json" > "$OUT/select.log" 2>&1 \
+        || echo "FAILED: $?"
+    tail -9 "$OUT/select.log"
     timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
         --prefetch off forecast --prefetch-priority high --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"

@@ -16,7 +16,7 @@ import json
 
 import torch
 
-METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "torch")
+METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "hist", "torch")
 
 
 def main() -> None:

@@ -281,7 +281,17 @@ if HAS_TRITON:
             best = tl.max(tl.where(n_at_least >= k, d, 0), 0)
             prefix = prefix + (best << shift)
         t = (prefix - 2147483648).to(tl.int32)
-        # every key above t, and the first `ties_wanted` keys equal to t (lowest pages)
+        if TAIL == 0:  # (unused: no tail)
+            key_t, pt = key, p
+        _store_top(OUT + b * s_ob + h * s_oh, CNT + bh, key, p, key_t, pt, t, k, n_pages,
+                   WIDTH, WIDTH_P2, TAIL)  # fmt: skip
+
+    @triton.jit
+    def _store_top(out, cnt, key, p, key_t, pt, t, k, n_pages, WIDTH: tl.constexpr,
+                   WIDTH_P2: tl.constexpr, TAIL: tl.constexpr):  # fmt: skip
+        """A row's selection from its k-th largest key t: every key above t, and the first
+        `k - (keys above)` keys equal to t (lowest pages), in page order; then the count,
+        and zeros up to WIDTH."""
         valid = p < n_pages
         above = valid & (key > t)
         tie = valid & (key == t)
@@ -294,7 +304,6 @@ if HAS_TRITON:
         ties_wanted = k - n_above
         chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 0) - 1 < ties_wanted))
         pos = tl.cumsum(chosen.to(tl.int32), 0) - 1
-        out = OUT + b * s_ob + h * s_oh
         tl.store(out + pos, p, mask=chosen & (pos < WIDTH))
         written = tl.sum(chosen.to(tl.int32), 0)
         if TAIL > 0:
@@ -303,9 +312,63 @@ if HAS_TRITON:
             pos_t = written + tl.cumsum(chosen_t.to(tl.int32), 0) - 1
             tl.store(out + pos_t, pt, mask=chosen_t & (pos_t < WIDTH))
             written += tl.sum(chosen_t.to(tl.int32), 0)
-        tl.store(CNT + bh, written)
+        tl.store(cnt, written)
         w = tl.arange(0, WIDTH_P2)
         tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
+
+    @triton.jit
+    def _select_hist_kernel(
+        S, LENS, BUDGETS, OUT, CNT, budget,
+        s_sb, s_sh, s_ob, s_oh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+        HAS_BUDGETS: tl.constexpr,
+    ):  # fmt: skip
+        """The probe kernel's selection with the k-th largest key found a byte at a time:
+        each of 4 rounds takes a 256-bin histogram of the next byte of the keys whose
+        higher bytes equal the threshold's so far, and the suffix sums of that histogram
+        give the byte (4 rounds instead of the probe's 16 or 32)."""
+        bh = tl.program_id(0)
+        b = bh // HKV
+        h = bh % HKV
+        n_pages = tl.cdiv(tl.load(LENS + b), P)
+        if HAS_BUDGETS:
+            budget = tl.minimum(tl.load(BUDGETS + b), budget)
+        k = tl.minimum(budget, n_pages)
+        row = S + b * s_sb + h * s_sh
+        p = tl.arange(0, BLOCK)
+        key = _probe_keys(row, p, n_pages, SINKS, WINDOW)
+        u = key.to(tl.uint32, bitcast=True) ^ 0x80000000  # the same order, unsigned
+        if TAIL > 0:
+            pt = BLOCK + tl.arange(0, TAIL)
+            key_t = _probe_keys(row, pt, n_pages, SINKS, WINDOW)
+            u_t = key_t.to(tl.uint32, bitcast=True) ^ 0x80000000
+        else:  # (unused: no tail)
+            key_t, pt = key, p
+        bins = tl.arange(0, 256)
+        n_greater = tl.zeros([], tl.int32)  # keys whose decided bytes exceed the prefix's
+        prefix = tl.zeros([], tl.uint32)  # the threshold's bytes decided so far
+        for r in tl.static_range(4):
+            byte = ((u >> (24 - 8 * r)) & 255).to(tl.int32)
+            if r == 0:
+                hist = tl.histogram(byte, 256)
+            else:
+                hist = tl.histogram(byte, 256, mask=(u >> (32 - 8 * r)) == prefix)
+            if TAIL > 0:
+                byte_t = ((u_t >> (24 - 8 * r)) & 255).to(tl.int32)
+                if r == 0:
+                    hist += tl.histogram(byte_t, 256)
+                else:
+                    hist += tl.histogram(byte_t, 256, mask=(u_t >> (32 - 8 * r)) == prefix)
+            # keys with this byte >= d (and the decided bytes equal): the largest d with at
+            # least k keys at or above it is the threshold's byte
+            at_least = n_greater + tl.cumsum(hist, 0, reverse=True)
+            best = tl.max(tl.where(at_least >= k, bins, 0), 0)
+            n_greater += tl.sum(tl.where(bins > best, hist, 0), 0)
+            prefix = (prefix << 8) | best.to(tl.uint32)
+        t = (prefix ^ 0x80000000).to(tl.int32, bitcast=True)
+        _store_top(OUT + b * s_ob + h * s_oh, CNT + bh, key, p, key_t, pt, t, k, n_pages,
+                   WIDTH, WIDTH_P2, TAIL)  # fmt: skip
 
     @triton.jit
     def _sort_key(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
@@ -479,7 +542,7 @@ def select_pages(
     lowest pages first). `budgets` [B] int (optional, each at most `budget`): each
     sequence's own budget (from its own length: a sequence selects the same pages whatever
     else is in its batch, and each query of a verification as if decoded alone).
-    `method`: "radix", "bisect" or "probe1"/"probe2"/"probe4" (the Triton kernels; same
+    `method`: "radix", "bisect", "probe1"/"probe2"/"probe4" or "hist" (the Triton kernels; same
     output, ties to the lowest pages) or "torch"; None on a GPU: the fastest for this shape,
     timed once per shape outside CUDA-graph capture (their speeds depend on the scores'
     spread and the row count, so no fixed rule holds: docs/benchmarks.md)."""
@@ -501,7 +564,7 @@ def select_pages(
 
 _METHODS: dict[tuple, str] = {}  # (rows, pages, budget, width) -> the fastest select method
 # the kernels that hold a whole row in registers: the longest row each takes
-_MAX_PAGES = {"bisect": 16384, "probe1": 32768, "probe2": 32768, "probe4": 32768}
+_MAX_PAGES = {"bisect": 16384, "probe1": 32768, "probe2": 32768, "probe4": 32768, "hist": 32768}
 
 
 def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages, width,
@@ -558,14 +621,17 @@ def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages,
     counts = torch.empty(B, Hkv, dtype=torch.int32, device=scores.device)
     has = budgets is not None
     bud = budgets.to(torch.int32).contiguous() if has else counts
-    if method.startswith("probe"):
+    if method.startswith("probe") or method == "hist":
         block, tail = _head_and_tail(M)
-        _select_probe_kernel[(B * Hkv,)](
+        kernel, extra = _select_hist_kernel, {}
+        if method != "hist":
+            kernel, extra = _select_probe_kernel, {"BITS": int(method[5:])}
+        kernel[(B * Hkv,)](
             scores, kv_lens, bud, pages, counts, min(budget, M),
             scores.stride(0), scores.stride(1), pages.stride(0), pages.stride(1),
             HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages, WIDTH=width,
             WIDTH_P2=triton.next_power_of_2(width), BLOCK=block, TAIL=tail, HAS_BUDGETS=has,
-            BITS=int(method[5:]), num_warps=min(32, max(4, block // 512)),
+            num_warps=min(32, max(4, block // 512)), **extra,
         )  # fmt: skip
         return pages, counts
     if method == "bisect":

@@ -25,7 +25,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.page_score import _select_probe_kernel
+from kernels.page_score import _select_hist_kernel, _select_probe_kernel
 from kernels.uva_gather import NOT_STAGED, _gather_kernel, _stage_kernel
 
 def build(fn, sig, consts, warps):
@@ -47,6 +47,11 @@ for bits, block, tail in ((1, 32768, 0), (2, 8192, 16), (4, 8192, 0), (1, 16384,
               "BLOCK": block, "TAIL": tail, "HAS_BUDGETS": True, "BITS": bits}
     out[f"probe{bits}/{block}+{tail}"] = build(_select_probe_kernel, select_sig, consts,
                                                 min(32, block // 512))
+for block, tail in ((8192, 16), (16384, 16384), (32768, 0)):
+    consts = {"HKV": 8, "P": 16, "SINKS": 1, "WINDOW": 2, "WIDTH": 164, "WIDTH_P2": 256,
+              "BLOCK": block, "TAIL": tail, "HAS_BUDGETS": True}
+    out[f"hist/{block}+{tail}"] = build(_select_hist_kernel, select_sig, consts,
+                                        min(32, block // 512))
 gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i32",
               "STAGE": "*bf16", "STAGE_OF": "*i32", "n": "i32"}
 for stage in (False, True):

@@ -103,7 +103,7 @@ def test_stochastic_tail_adds_distinct_unselected_pages():
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4"])
+@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4", "hist"])
 @pytest.mark.parametrize("M, budget, width", [(40, 6, 6), (300, 17, 20), (5000, 100, 100)])
 def test_select_kernel_matches_reference(M, budget, width, method):
     """Triton top-k selection (radix histograms, or bisection with the row in registers, one
@@ -130,7 +130,7 @@ def test_select_kernel_matches_reference(M, budget, width, method):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4"])
+@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4", "hist"])
 def test_select_kernel_breaks_ties_by_lowest_page(method):
     scores = torch.zeros(1, 2, 30)
     scores[0, 1, 20] = 1.0
@@ -143,7 +143,7 @@ def test_select_kernel_breaks_ties_by_lowest_page(method):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["probe1", "probe2"])
+@pytest.mark.parametrize("method", ["probe1", "probe2", "hist"])
 def test_probe_ties_run_across_the_row_tail(method):
     """A row of 40 pages is a block of 32 and a tail of 16 in the probe kernel: tied pages
     are taken lowest first across the two."""
@@ -158,7 +158,7 @@ def test_probe_ties_run_across_the_row_tail(method):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["bisect", "probe1", "probe2", "probe4"])
+@pytest.mark.parametrize("method", ["bisect", "probe1", "probe2", "probe4", "hist"])
 def test_select_kernel_orders_extreme_scores(method):
     """Keys across the whole float range (huge and tiny magnitudes of both signs, zeros):
     the k-th largest key lands exactly, whatever its bits. (Distinct values: torch.topk,
