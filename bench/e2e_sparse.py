@@ -126,7 +126,8 @@ def run_ours(args, mode: str) -> list[dict]:
                               forecast="off" if args.prefetch == ["off"] else "free")  # fmt: skip
     pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
     cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
-                       max_num_batched_tokens=min(window, args.chunk))  # fmt: skip
+                       max_num_batched_tokens=min(window, args.chunk),
+                       skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
     capped = mode == "sparse" and torch.cuda.is_available()
     if capped:
         total = torch.cuda.get_device_properties(0).total_memory
@@ -304,6 +305,9 @@ def main() -> None:
     ap.add_argument("--hf-new-tokens", type=int, default=None,
                     help="transformers' decode tokens (default: --new-tokens); at 500K its "
                     "offloaded cache moves ~61 GiB per token")  # fmt: skip
+    ap.add_argument("--skip-prefill-attention", action="store_true",
+                    help="build the context without prefill attention (dummy weights: decode "
+                    "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
@@ -313,7 +317,8 @@ def main() -> None:
         rows += run_ours(args, "dense")
     rows += run_ours(args, "sparse")
     print(f"\ncontext {args.context}, batch {args.batch}, budget {args.budget:.1%}, "
-          f"GPU KV tier {args.gpu_kv_budget}, cap {args.gpu_budget} (sparse only)")  # fmt: skip
+          f"GPU KV tier {args.gpu_kv_budget}, cap {args.gpu_budget} (sparse only)"
+          + (", prefill attention skipped" if args.skip_prefill_attention else ""))  # fmt: skip
     for r in rows:
         extra = ""
         if "fetch_fraction" in r:

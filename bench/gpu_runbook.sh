@@ -170,12 +170,14 @@ case "${1:-1}" in
         --prefetch off forecast --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -30 "$OUT/profile.log" ;;
-19) # 500K prefetch modes with the one-kernel staging, the 16-program gathers, the steadier
+19) # 500K prefetch modes (context built with --skip-prefill-attention: seconds, not 258 s)
+    # with the one-kernel staging, the 16-program gathers, the steadier
     # select-method pick and the 64-program gather of staged pages
     timeout 40 python3 -m pytest -q tests/kernels/test_tier_kernels.py > "$OUT/kernels.log" 2>&1
     tail -2 "$OUT/kernels.log"
-    timeout 510 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
-        --chunk 16384 --variants worst realistic --prefetch off forecast oracle \
+    timeout 400 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants worst realistic --prefetch off forecast auto oracle \
+        --skip-prefill-attention \
         --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
     tail -7 "$OUT/e2e_500k.log" ;;
 20) # 128K prefetch modes, with the residency snapshot (the prefetch staged only 30% of a 500K
@@ -190,7 +192,7 @@ case "${1:-1}" in
     timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
     tail -10 "$OUT/check.log"
     timeout 300 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
-        --prefetch off forecast auto oracle --prefetch-priority normal high \
+        --prefetch off forecast auto oracle --prefetch-priority normal high --skip-prefill-attention \
         --json "$OUT/e2e_128k_priority.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
     tail -15 "$OUT/e2e_128k.log" ;;
 22) # the histogram top-k (4 byte-wide rounds) against the probe kernels, then the worst
@@ -202,17 +204,17 @@ case "${1:-1}" in
         || echo "FAILED: $?"
     tail -9 "$OUT/select.log"
     timeout 150 python3 -m bench.profile_decode --context 131072 --variant worst \
-        --prefetch off forecast --prefetch-priority high --json "$OUT/profile.json" \
+        --prefetch off forecast --prefetch-priority high --skip-prefill-attention --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -30 "$OUT/profile.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \
-        --prefetch off forecast oracle --json "$OUT/e2e_128k_recurring.json" \
+        --prefetch off forecast auto oracle --skip-prefill-attention --json "$OUT/e2e_128k_recurring.json" \
         > "$OUT/e2e_128k_recurring.log" 2>&1 || echo "FAILED: $?"
     tail -4 "$OUT/e2e_128k_recurring.log"
     timeout 220 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
-        --gpu-kv-budget 6GiB --graphs --recurring 0.86 --json "$OUT/spec_verify_b8_recurring.json" \
+        --gpu-kv-budget 6GiB --graphs --recurring 0.86 --skip-prefill-attention --json "$OUT/spec_verify_b8_recurring.json" \
         > "$OUT/spec_verify_b8_recurring.log" 2>&1 || echo "FAILED: $?"
     tail -4 "$OUT/spec_verify_b8_recurring.log" ;;
 9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager

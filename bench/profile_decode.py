@@ -125,6 +125,9 @@ def main() -> None:
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--skip-prefill-attention", action="store_true",
+                    help="build the context without prefill attention (dummy weights: decode "
+                    "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
     ap.add_argument("--json")
     ap.add_argument(
         "--trace", help="write each mode's graph-replay Chrome trace to TRACE.MODE.json"
@@ -140,7 +143,8 @@ def main() -> None:
     sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
                           forecast="free")  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
-                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192)  # fmt: skip
+                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192,
+                       skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
     if args.device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)

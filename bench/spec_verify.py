@@ -76,6 +76,9 @@ def main() -> None:
                     help="share of the pages a selection does not keep that come from pages "
                     "read before (0.86 measured on the default model, docs/quality.md; 0: all "
                     "at random)")  # fmt: skip
+    ap.add_argument("--skip-prefill-attention", action="store_true",
+                    help="build the context without prefill attention (dummy weights: decode "
+                    "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
@@ -89,8 +92,8 @@ def main() -> None:
     sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
                           synthetic=0.85, synthetic_recurring=args.recurring)  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=bmax, sparse=sparse,
-                       num_pages=-(-window // 16) + 32 * bmax + 64,
-                       max_num_batched_tokens=8192)  # fmt: skip
+                       num_pages=-(-window // 16) + 32 * bmax + 64, max_num_batched_tokens=8192,
+                       skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
     if args.device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)

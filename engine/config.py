@@ -169,6 +169,11 @@ class EngineConfig:
     sparse: object | None = None
     # speculative decoding (engine.spec.decoder.SpecConfig); None: off
     speculate: object | None = None
+    # benchmarks with dummy weights only: prefill steps write their KV (host tier, page
+    # summaries) but attend to nothing (the attention output is zeros), so a 500K-token
+    # context is built in seconds instead of minutes of causal attention; decode steps are
+    # unchanged, and with dummy weights the KV's values mean nothing either way
+    skip_prefill_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):

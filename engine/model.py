@@ -102,6 +102,8 @@ class Attention(nn.Module):
                 )  # fmt: skip
                 o = o.reshape(T, self.q_size)
                 return row_exact(self.o_proj, o) if exact else self.o_proj.forward(o)
+        if ctx.skip_attention:  # (benchmarks: EngineConfig.skip_prefill_attention)
+            return self.o_proj.forward(q.new_zeros(T, self.q_size))
         o = paged_attention(q, k, v, kv, ctx, self.scale, self.layer_idx).reshape(T, self.q_size)
         return row_exact(self.o_proj, o) if exact else self.o_proj.forward(o)
 

@@ -260,11 +260,13 @@ class ModelRunner(VerifyGraphs):
         ctx.cos, ctx.sin = self.rope(
             self._to_device(positions), rope_lens if self.rope.dynamic else None
         )
+        n = query_lens[0]
+        decode = (n == 1 or verify) and all(q == n for q in query_lens)  # decode or verify
+        ctx.skip_attention = self.engine_cfg.skip_prefill_attention and not decode
         if self.tiers is not None:
             ctx.tiers = self.tiers
             self.tiers.end_step(max(kv_lens))
-            n = query_lens[0]
-            if (n == 1 or verify) and all(q == n for q in query_lens):  # decode or verify
+            if decode:
                 width = max(len(p) for p in page_lists)
                 tables = [list(p) + [0] * (width - len(p)) for p in page_lists]
                 ctx.tier_tables = self._to_device(tables, torch.int32).view(len(tables), width)

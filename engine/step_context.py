@@ -35,3 +35,4 @@ class StepContext:
     # a verification (speculative decoding): each query token must compute exactly what a
     # single-token decode step at its position would (row_exact in engine.model)
     verify: bool = False
+    skip_attention: bool = False  # EngineConfig.skip_prefill_attention on a prefill step

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import Engine, EngineError, SamplingParams
 from engine.config import EngineConfig
@@ -89,3 +90,24 @@ def test_sparse_config_is_checked():
     assert SparseConfig(budget_tokens=100).budget_pages(1000, 16) == 7
     assert SparseConfig(budget_fraction=0.02).budget_pages(1000, 16) == 20
     assert SparseConfig(budget_fraction=0.001).budget_pages(1000, 16) == 4  # sinks+window+1
+
+
+def test_skip_prefill_attention_writes_the_kv_and_decodes(prompt):
+    """EngineConfig.skip_prefill_attention (benchmarks only): the prompt's KV is written as
+    a normal prefill writes it where attention has not acted yet (layer 0's keys and values
+    depend on the embeddings alone) and differs from the next layer on (the attention output
+    was zeros), and the sequence then decodes over the tiered cache."""
+    sparse = SparseConfig(budget_fraction=0.2)
+    out = {}
+    for skip in (False, True):
+        cfg = EngineConfig(sparse=sparse, skip_prefill_attention=skip, enable_prefix_caching=False)
+        engine = Engine.load(None, device="cpu", dtype="float32", weights="dense", config=cfg)
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        tokens = engine.generate([prompt], params)[0].token_ids
+        pool = engine.runner.kv.pool
+        n_pages = len(prompt) // 16  # the prompt's full pages (allocated first, in order)
+        out[skip] = (tokens, pool[:, :n_pages].clone(), engine.runner.tiers.stats)
+    (_, kv, _), (tokens, kv_skip, stats) = out[False], out[True]
+    assert len(tokens) == 4 and stats.steps > 0  # decoded sparse over the tiers
+    assert torch.equal(kv[0], kv_skip[0])
+    assert not torch.equal(kv[1], kv_skip[1])
