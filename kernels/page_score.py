@@ -379,6 +379,57 @@ if HAS_TRITON:
         return tl.where(forced, 4294967295, key)  # unsigned order in [0, 2^32)
 
 
+if HAS_TRITON:
+
+    @triton.jit
+    def _recall_kernel(
+        EXACT, VALID, PRED, ACC, BY_LAYER, W1, W2, c_hits, c_total, layer,
+        W1P2: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        # one (sequence, KV head) row: which of its exact pages the prediction listed (the
+        # prediction compared CHUNK entries at a time: no register spills)
+        row = tl.program_id(0)
+        i = tl.arange(0, W1P2)
+        valid = tl.load(VALID + row * W1 + i, mask=i < W1, other=0) != 0
+        exact = tl.load(EXACT + row * W1 + i, mask=i < W1, other=-2).to(tl.int32)
+        listed = tl.zeros([W1P2], tl.int32)
+        for c in range(0, W2, CHUNK):
+            j = c + tl.arange(0, CHUNK)
+            pred = tl.load(PRED + row * W2 + j, mask=j < W2, other=-1)
+            listed = tl.maximum(listed, tl.max((exact[:, None] == pred[None, :]).to(tl.int32), 1))
+        listed = listed != 0
+        hits = tl.sum((valid & listed).to(tl.int64), 0)
+        total = tl.sum(valid.to(tl.int64), 0)
+        tl.atomic_add(ACC + c_hits, hits)
+        tl.atomic_add(ACC + c_total, total)
+        tl.atomic_add(BY_LAYER + 2 * layer, hits)
+        tl.atomic_add(BY_LAYER + 2 * layer + 1, total)
+
+
+def count_recall(exact: torch.Tensor, valid: torch.Tensor, pred: torch.Tensor,
+                 acc: torch.Tensor, c_hits: int, c_total: int, by_layer: torch.Tensor,
+                 layer: int, use_triton: bool | None = None) -> None:  # fmt: skip
+    """Recall@k of a predicted selection in one kernel: exact page ids [B, Hkv, W1] (valid
+    [B, Hkv, W1] bool), predicted ids [B, Hkv, W2] (-1: none); adds the exact pages the
+    prediction listed and the exact pages to acc[c_hits], acc[c_total] and to
+    by_layer[layer] (int64 counters)."""
+    B, Hkv, W1 = exact.shape
+    W2 = pred.shape[-1]
+    if not (HAS_TRITON and (use_triton if use_triton is not None else exact.is_cuda)):
+        same = (exact[..., :, None] == pred[..., None, :]) & (pred >= 0)[..., None, :]
+        hits, total = (same.any(-1) & valid).sum(), valid.sum()
+        acc[c_hits] += hits
+        acc[c_total] += total
+        by_layer[layer, 0] += hits
+        by_layer[layer, 1] += total
+        return
+    _recall_kernel[(B * Hkv,)](
+        exact.contiguous(), valid.contiguous().view(torch.uint8), pred.contiguous(), acc,
+        by_layer, W1, W2, c_hits, c_total, layer,
+        W1P2=triton.next_power_of_2(W1), CHUNK=32,
+    )  # fmt: skip
+
+
 def page_scores(
     q: torch.Tensor,
     summ: torch.Tensor,

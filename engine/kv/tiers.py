@@ -52,7 +52,13 @@ from dataclasses import dataclass
 import torch
 
 from kernels.kv_append import fold_summaries, tier_append
-from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
+from kernels.page_score import (
+    count_recall,
+    empty_summaries,
+    page_scores,
+    select_pages,
+    summary_rows,
+)
 from kernels.sparse_decode import sparse_decode_attention
 from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
 from kernels.uva_gather import NOT_STAGED, stage_pages
@@ -394,15 +400,8 @@ class TieredKV:
                 self._ensure_resident(layer, units.reshape(-1), mine.reshape(-1))
         slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         if predicted is not None and not sp.forecast_only:  # recall@k (after the prefetch's wait)
-            p_ids, p_valid = predicted[:2]
-            same = (page_ids.view(B, Hkv, -1)[..., :, None] == p_ids[..., None, :]) & p_valid[
-                ..., None, :
-            ]
-            hits, total = (same.any(-1) & valid).sum(), valid.sum()
-            self._acc[_C["recall_hits"]] += hits
-            self._acc[_C["recall_total"]] += total
-            self.recall_by_layer[layer, 0] += hits
-            self.recall_by_layer[layer, 1] += total
+            count_recall(page_ids.view(B, Hkv, -1), valid, predicted[0], self._acc,
+                         _C["recall_hits"], _C["recall_total"], self.recall_by_layer, layer)  # fmt: skip
         out = sparse_decode_attention(
             q.contiguous(), self.slots[layer], slots.view(B, Hkv, width), pages.to(torch.int32),
             counts, kv_lens.to(torch.int32), scale, qmask=qmask,
@@ -648,7 +647,7 @@ class TieredKV:
             (_C["fetched"], _C["prefetched"], _C["prefetch_waste"]),  # (waste until used)
             max_programs=self.sparse.prefetch_programs,
         )  # fmt: skip
-        self._predicted[layer] = (page_ids, page_ids >= 0, pages, counts)
+        self._predicted[layer] = (page_ids, None, pages, counts)  # (ids: -1 past counts)
         self._staged[layer] = at
 
     def _ensure_resident(self, layer: int, units: torch.Tensor,

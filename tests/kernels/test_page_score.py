@@ -229,3 +229,31 @@ def test_per_query_scores_are_each_querys_own(mode, group, head_dim):
         assert torch.allclose(out[:, t][finite].cpu(), alone[finite].cpu(), rtol=tol, atol=tol)
     # a page the first query cannot see yet (length 17 - 3 = 14: one page) is -inf for it
     assert not torch.isfinite(out[0, 0, :, 1]).any() and torch.isfinite(out[0, 3, :, 1]).all()
+
+
+@needs_triton
+def test_recall_kernel_matches_reference():
+    """count_recall: the exact pages a prediction listed, per row, into the counters (with
+    invalid entries on both sides, duplicates in the prediction and unequal widths)."""
+    from kernels.page_score import count_recall
+
+    g = torch.Generator().manual_seed(4)
+    B, Hkv, W1, W2 = 3, 2, 7, 5
+    exact = torch.randint(0, 12, (B, Hkv, W1), generator=g)
+    valid = torch.rand(B, Hkv, W1, generator=g) < 0.8
+    pred = torch.randint(0, 12, (B, Hkv, W2), generator=g).to(torch.int32)
+    pred[0, 0, :2] = -1
+    pred[1, 1] = pred[1, 1, 0]  # all one page
+    out = []
+    for use_triton in (True, False):
+        acc = torch.zeros(5, dtype=torch.long, device=DEVICE)
+        by_layer = torch.zeros(4, 2, dtype=torch.long, device=DEVICE)
+        count_recall(exact.to(DEVICE), valid.to(DEVICE), pred.to(DEVICE), acc, 1, 3, by_layer, 2,
+                     use_triton=use_triton)  # fmt: skip
+        out.append((acc.cpu(), by_layer.cpu()))
+    (acc, by_layer), (ref_acc, ref_by_layer) = out
+    assert torch.equal(acc, ref_acc) and torch.equal(by_layer, ref_by_layer)
+    hits = sum(bool(valid[b, h, i]) and int(exact[b, h, i]) in pred[b, h].tolist()
+               for b in range(B) for h in range(Hkv) for i in range(W1))  # fmt: skip
+    assert acc.tolist() == [0, hits, 0, int(valid.sum()), 0] and 0 < hits < valid.sum()
+    assert by_layer[2].tolist() == [hits, int(valid.sum())] and by_layer[[0, 1, 3]].sum() == 0
