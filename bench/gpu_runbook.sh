@@ -188,16 +188,20 @@ case "${1:-1}" in
     tail -7 "$OUT/e2e_128k.log" ;;
 21) # next session first: the checks (now with the "auto" prefetch policy switching graphs),
     # then 128K prefetch modes with the policy and the prefetch stream at high priority
-    # against normal; then 22, 19 (500K with the residency snapshot, not measured yet) and 16
+    # against normal; then 22, 19 (500K with the residency snapshot, not measured yet) and 16.
+    # New since the last GPU run: the victims' histogram kernel (kernels.tier_alloc), the recall
+    # kernel, the histogram top-k, the policy, the prefill shortcut: their tests first
+    timeout 60 python3 -m pytest -q tests/kernels/test_tier_alloc.py tests/kernels/test_tier_kernels.py \
+        > "$OUT/kernels.log" 2>&1; tail -2 "$OUT/kernels.log"
     timeout 170 python3 -m bench.gpu_sparse_check > "$OUT/check.log" 2>&1 || echo "FAILED: $?"
     tail -10 "$OUT/check.log"
-    timeout 300 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+    timeout 280 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
         --prefetch off forecast auto oracle --prefetch-priority normal high --skip-prefill-attention \
         --json "$OUT/e2e_128k_priority.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
     tail -15 "$OUT/e2e_128k.log" ;;
 22) # the histogram top-k (4 byte-wide rounds) against the probe kernels, then the worst
     # case's timeline with the prefetch stream at high priority
-    timeout 60 python3 -m pytest -q tests/kernels/test_page_score.py -k "select or extreme or ties" \
+    timeout 60 python3 -m pytest -q tests/kernels/test_page_score.py -k "select or extreme or ties or recall" \
         > "$OUT/select_tests.log" 2>&1; tail -2 "$OUT/select_tests.log"
     timeout 80 python3 -m bench.select_bench --contexts 131136 500000 --budgets 0.02 \
         --methods bisect probe2 hist radix --json "$OUT/select.json" > "$OUT/select.log" 2>&1 \

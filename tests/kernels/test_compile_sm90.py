@@ -79,6 +79,7 @@ for name, sig in (
                          "SLOT_OUT": i64, "ACC": i64, "n": "i32", "SCRATCH_UNIT": "i32",
                          "C_HITS": "i32", "C_TOTAL": "i32"}),
     ("_owner_kernel", {"U_IN": i64, "SLOT_IN": i64, "CLAIM": i64, "OWNER": i64, "n": "i32"}),
+    ("_victims_kernel", {"VALUE": i32, "RANK": i64, "VICTIMS": i64, "S1": "i32", "n": "i32"}),
     ("_assign_kernel", {"U_IN": i64, "RANK": i64, "VICTIMS": i64, "SLOT_OF": i32,
                         "UNIT_IN": i64, "USES": i64, "SRC": i32, "DST": i32, "ACC": i64,
                         "n": "i32", "C_FETCHED": "i32", "C_EVICTED": "i32", "C_DEMAND": "i32"}),
@@ -86,9 +87,12 @@ for name, sig in (
                         "CLAIM": i64, "OUT": i32, "n": "i32", "SCRATCH_SLOT": "i32"}),
 ):
     consts = {"BLOCK": 1024}
+    if name == "_victims_kernel":  # 20,481 slots: a block of 16,384 and a tail of 8,192
+        consts = {"BLOCK": 16384, "TAIL": 8192}
     if name == "_value_kernel":
         consts |= {"USES_BITS": 20, "RECENCY": ta.RECENCY_STEPS}
-    out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, 4)
+    warps = 32 if name == "_victims_kernel" else 4
+    out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, warps)
 print(json.dumps(out))
 """
 

@@ -83,3 +83,34 @@ def test_kernels_match_the_reference(n):
     acc = ra["acc"].cpu()
     assert acc[_C["evicted"]] > 0 and acc[_C["prefetch_hits"]] > 0 and acc[_C["locality_hits"]] > 0
     assert acc[_C["fetched"]] == acc[_C["demand_fetched"]]  # (staged ones counted by no one here)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("S1", [40, 300])
+def test_victims_kernel_matches_reference(S1):
+    """The m least valuable slots (m: the owners' count, 0 to all), ties taken from the
+    lowest slot, in slot order: the one-program histogram kernel against the torch
+    reference (rows of 40 and 300 slots: a power-of-two block and a tail)."""
+    from kernels.page_score import _head_and_tail
+    from kernels.tier_alloc import _victims_kernel, least_valuable
+
+    g = torch.Generator().manual_seed(S1)
+    n = 24
+    # few distinct values (many ties), spread over all four bytes, some protected
+    value = (torch.randint(0, 6, (S1,), generator=g) * 0x01010101 // 3).to(torch.int32)
+    value[torch.randperm(S1, generator=g)[:5]] = torch.iinfo(torch.int32).max
+    for m in (0, 1, 7, n):
+        owner = torch.zeros(n, dtype=torch.long)
+        owner[torch.randperm(n, generator=g)[:m]] = 1
+        ref = least_valuable(value, owner)[:m]
+        got = torch.full((n,), -1, dtype=torch.long, device=DEVICE)
+        block, tail = _head_and_tail(S1)
+        _victims_kernel[(1,)](value.to(DEVICE), torch.cumsum(owner, 0).to(DEVICE), got, S1, n,
+                              BLOCK=block, TAIL=tail)  # fmt: skip
+        assert torch.equal(got[:m].cpu(), ref), (m, got[:m], ref)
+        assert (ref.diff() > 0).all()  # slot order
+        # the m least valuable: nothing left out is below the largest taken
+        left = torch.ones(S1, dtype=torch.bool)
+        left[ref] = False
+        if m:
+            assert value[left].min() >= value[ref].max()
