@@ -44,6 +44,7 @@ so they are the engine's path on GPUs; AGENTCTX_TIER_ALLOC_KERNELS=0 takes the r
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -258,10 +259,7 @@ def allocate(
     owner = torch.empty(n, dtype=torch.long, device=dev)
     _owner_kernel[(triton.cdiv(n, B),)](u, slot_in, claim, owner, n, BLOCK=B)
     rank = torch.cumsum(owner, 0)
-    victims = torch.empty(n, dtype=torch.long, device=dev)
-    block, tail = _head_and_tail(S1)
-    _victims_kernel[(1,)](value, rank, victims, S1, n, BLOCK=block, TAIL=tail,
-                          num_warps=min(32, max(4, block // 512)))  # fmt: skip
+    victims = _victims(value, owner, rank, S1, n)
     src = torch.empty(n, dtype=torch.int32, device=dev)
     dst = torch.empty(n, dtype=torch.int32, device=dev)
     _assign_kernel[(triton.cdiv(n, B),)](
@@ -335,6 +333,26 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, stage=None
     last_used.index_put_((slot,), clock.expand(slot.shape))
     uses.index_add_(0, slot, torch.ones_like(slot))
     return slot.to(torch.int32)
+
+
+_VICTIMS_KERNEL = [True]  # False once the kernel failed to build (Triton < 3.4: no masks)
+
+
+def _victims(value, owner, rank, S1: int, n: int) -> torch.Tensor:
+    """_victims_kernel, or its reference where this Triton cannot build it (the same
+    slots; a warning once). The first call is an eager step's, never a graph capture's."""
+    if _VICTIMS_KERNEL[0]:
+        victims = torch.empty(n, dtype=torch.long, device=value.device)
+        block, tail = _head_and_tail(S1)
+        try:
+            _victims_kernel[(1,)](value, rank, victims, S1, n, BLOCK=block, TAIL=tail,
+                                  num_warps=min(32, max(4, block // 512)))  # fmt: skip
+            return victims
+        except Exception as e:  # noqa: BLE001 (a compile error: any of Triton's kinds)
+            _VICTIMS_KERNEL[0] = False
+            warnings.warn(f"the victims kernel did not build ({type(e).__name__}); "
+                          "using torch for it", RuntimeWarning, stacklevel=2)  # fmt: skip
+    return least_valuable(value, owner)
 
 
 def least_valuable(value: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:

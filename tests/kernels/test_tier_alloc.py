@@ -45,8 +45,12 @@ def clone(st: LayerState, rest: dict) -> tuple[LayerState, dict]:
 
 
 @needs_triton
+@pytest.mark.parametrize("victims_kernel", [True, False])  # False: a Triton without it
 @pytest.mark.parametrize("n", [20, 1500])  # one block of entries, and several
-def test_kernels_match_the_reference(n):
+def test_kernels_match_the_reference(n, victims_kernel, monkeypatch):
+    from kernels import tier_alloc
+
+    monkeypatch.setattr(tier_alloc, "_VICTIMS_KERNEL", [victims_kernel])
     S, U = (30, 120) if n == 20 else (1600, 5000)
     a, ra = state(S, U)
     b, rb = clone(a, ra)
