@@ -220,7 +220,13 @@ case "${1:-1}" in
     timeout 220 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
         --gpu-kv-budget 6GiB --graphs --recurring 0.86 --skip-prefill-attention --json "$OUT/spec_verify_b8_recurring.json" \
         > "$OUT/spec_verify_b8_recurring.log" 2>&1 || echo "FAILED: $?"
-    tail -4 "$OUT/spec_verify_b8_recurring.log" ;;
+    tail -4 "$OUT/spec_verify_b8_recurring.log"
+    # the same with the Forecast prefetch on both the one-token steps and the verifications
+    timeout 200 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --recurring 0.86 --prefetch forecast --skip-prefill-attention \
+        --json "$OUT/spec_verify_b8_prefetch.json" > "$OUT/spec_verify_b8_prefetch.log" 2>&1 \
+        || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b8_prefetch.log" ;;
 9)  # verification in CUDA graphs (engine.verify_graphs; not yet run on a GPU): graph == eager
     # on the same inputs and in greedy speculation, then its wall time at 128K (issue 7)
     timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"

@@ -76,6 +76,7 @@ def main() -> None:
                     help="share of the pages a selection does not keep that come from pages "
                     "read before (0.86 measured on the default model, docs/quality.md; 0: all "
                     "at random)")  # fmt: skip
+    ap.add_argument("--prefetch", default="off", choices=["off", "forecast", "oracle"])
     ap.add_argument("--skip-prefill-attention", action="store_true",
                     help="build the context without prefill attention (dummy weights: decode "
                     "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
@@ -89,8 +90,13 @@ def main() -> None:
 
     n, bmax = args.context, max(args.batches)
     window = n + 256
+    # --prefetch: the Forecast prefetch on both the one-token steps and the verifications
+    # (simulated on the synthetic selections: query 0's pages, each predicted with the
+    # training-free Forecast's measured recall, or all of them for the oracle)
     sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
-                          synthetic=0.85, synthetic_recurring=args.recurring)  # fmt: skip
+                          synthetic=0.85, synthetic_recurring=args.recurring,
+                          forecast="off" if args.prefetch == "off" else "free",
+                          synthetic_recall=1.0 if args.prefetch == "oracle" else 0.92)  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=bmax, sparse=sparse,
                        num_pages=-(-window // 16) + 32 * bmax + 64, max_num_batched_tokens=8192,
                        skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
@@ -138,6 +144,7 @@ def main() -> None:
                 st1 = tiers.stats
                 fetched = (st1.fetched - st0.fetched) / (args.reps + 3)
                 row = {"context": n, "batch": batch, "k": k, "shared_fetch": shared,
+                       "prefetch": args.prefetch,
                        "graphs": runner.verify_graphs, "graph_replays": runner.verify_replays,
                        "graph_fallbacks": runner.verify_fallbacks,
                        "wall_ms": wall, "gpu_kernel_ms": gpu, "graph_decode_ms": graph_ms,
@@ -149,7 +156,8 @@ def main() -> None:
             r.cancelled.set()
         engine.step()
     base = {(r["batch"], r["shared_fetch"]): r for r in rows if r["k"] == 0}
-    print(f"\ncontext {n}, budget {args.budget:.1%}; ratios against one token (k = 0)")
+    print(f"\ncontext {n}, budget {args.budget:.1%}, prefetch {args.prefetch}; ratios against "
+          "one token (k = 0)")  # fmt: skip
     print(f"{'batch':>5} {'k':>2} {'fetch':>9} {'wall ms':>8} {'x':>5} {'GPU ms':>7} {'x':>5} "
           f"{'MB fetched':>10}  graph step ms")  # fmt: skip
     for r in rows:

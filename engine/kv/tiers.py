@@ -473,7 +473,11 @@ class TieredKV:
         if sp.synthetic is not None:
             # benchmarks: query 0 draws as a decode step would; each later query keeps 85% of
             # its pages (the step-to-step locality measured on the real model)
-            scores = self._synthetic_scores(layer, block_tables).repeat_interleave(T, 0)
+            # (query 0's draw: the one a prefetch predicted from, if one ran)
+            first = self._synthetic_next.pop(layer, None)
+            if first is None:
+                first = self._synthetic_scores(layer, block_tables)
+            scores = first.repeat_interleave(T, 0)
             later = (torch.arange(B * T, device=dev) % T != 0)[:, None, None]
             drop = torch.rand(scores.shape, device=dev) < 0.15
             scores = scores - 4.0 * (drop & later).float()
