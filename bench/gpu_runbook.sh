@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (21, 22, 19 and 16 are the next session's first)
+#   bash bench/gpu_runbook.sh N    (21, 22, 19, 16 and 23 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -220,8 +220,9 @@ case "${1:-1}" in
     timeout 220 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
         --gpu-kv-budget 6GiB --graphs --recurring 0.86 --skip-prefill-attention --json "$OUT/spec_verify_b8_recurring.json" \
         > "$OUT/spec_verify_b8_recurring.log" 2>&1 || echo "FAILED: $?"
-    tail -4 "$OUT/spec_verify_b8_recurring.log"
-    # the same with the Forecast prefetch on both the one-token steps and the verifications
+    tail -4 "$OUT/spec_verify_b8_recurring.log" ;;
+23) # batch-8 verification (k = 4 against one token) with the Forecast prefetch on both the
+    # one-token steps and the verifications (issue 7's 1.3x goal: hide the union's transfers)
     timeout 200 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
         --gpu-kv-budget 6GiB --graphs --recurring 0.86 --prefetch forecast --skip-prefill-attention \
         --json "$OUT/spec_verify_b8_prefetch.json" > "$OUT/spec_verify_b8_prefetch.log" 2>&1 \
