@@ -187,6 +187,18 @@ if HAS_TRITON:
                      mask=(w >= written) & (w < WIDTH))  # fmt: skip
 
     @triton.jit
+    def _row_start(LENS, BUDGETS, budget, HKV: tl.constexpr, P: tl.constexpr,
+                   HAS_BUDGETS: tl.constexpr):  # fmt: skip
+        """A selection program's row: (row index, sequence, KV head, the sequence's pages,
+        its k: the step's budget, or its own where given, at most its pages)."""
+        bh = tl.program_id(0)
+        b = bh // HKV
+        n_pages = tl.cdiv(tl.load(LENS + b), P)
+        if HAS_BUDGETS:
+            budget = tl.minimum(tl.load(BUDGETS + b), budget)
+        return bh, b, bh % HKV, n_pages, tl.minimum(budget, n_pages)
+
+    @triton.jit
     def _select_bisect_kernel(
         S, LENS, BUDGETS, OUT, CNT, budget,
         s_sb, s_sh, s_ob, s_oh,
@@ -198,13 +210,7 @@ if HAS_TRITON:
         the k-th largest key by bisection over the 32-bit key space, each probe one count
         (a block reduction, no atomics: the histogram passes of _select_kernel serialise
         when the scores share their top bits, as scores of one magnitude do)."""
-        bh = tl.program_id(0)
-        b = bh // HKV
-        h = bh % HKV
-        n_pages = tl.cdiv(tl.load(LENS + b), P)
-        if HAS_BUDGETS:
-            budget = tl.minimum(tl.load(BUDGETS + b), budget)
-        k = tl.minimum(budget, n_pages)
+        bh, b, h, n_pages, k = _row_start(LENS, BUDGETS, budget, HKV, P, HAS_BUDGETS)
         p = tl.arange(0, BLOCK)
         valid = p < n_pages
         key = tl.where(valid, _sort_key(S + b * s_sb + h * s_sh, p, n_pages, SINKS, WINDOW), -1)
@@ -254,13 +260,7 @@ if HAS_TRITON:
         int32 (half the registers of the bisection's int64 ones: rows up to 32K pages). A
         row is BLOCK pages (a power of two) plus a TAIL block (0: none) for the pages past
         it: a row of 8,196 pages holds 8,192 + 16 keys, not 16,384."""
-        bh = tl.program_id(0)
-        b = bh // HKV
-        h = bh % HKV
-        n_pages = tl.cdiv(tl.load(LENS + b), P)
-        if HAS_BUDGETS:
-            budget = tl.minimum(tl.load(BUDGETS + b), budget)
-        k = tl.minimum(budget, n_pages)
+        bh, b, h, n_pages, k = _row_start(LENS, BUDGETS, budget, HKV, P, HAS_BUDGETS)
         row = S + b * s_sb + h * s_sh
         p = tl.arange(0, BLOCK)
         key = _probe_keys(row, p, n_pages, SINKS, WINDOW)
@@ -328,13 +328,7 @@ if HAS_TRITON:
         each of 4 rounds takes a 256-bin histogram of the next byte of the keys whose
         higher bytes equal the threshold's so far, and the suffix sums of that histogram
         give the byte (4 rounds instead of the probe's 16 or 32)."""
-        bh = tl.program_id(0)
-        b = bh // HKV
-        h = bh % HKV
-        n_pages = tl.cdiv(tl.load(LENS + b), P)
-        if HAS_BUDGETS:
-            budget = tl.minimum(tl.load(BUDGETS + b), budget)
-        k = tl.minimum(budget, n_pages)
+        bh, b, h, n_pages, k = _row_start(LENS, BUDGETS, budget, HKV, P, HAS_BUDGETS)
         row = S + b * s_sb + h * s_sh
         p = tl.arange(0, BLOCK)
         key = _probe_keys(row, p, n_pages, SINKS, WINDOW)
