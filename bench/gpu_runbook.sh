@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (21, 22, 19, 16 and 23 are the next session's first)
+#   bash bench/gpu_runbook.sh N    (24, 16 and 23 are the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -211,6 +211,20 @@ case "${1:-1}" in
         --prefetch off forecast --prefetch-priority high --skip-prefill-attention --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -30 "$OUT/profile.log" ;;
+24) # next session first: the victims' radix select over 1,024-slot programs (the one-program
+    # kernel took 102 us per layer in runbook 22, twice torch.topk's), its tests on the GPU,
+    # then 128K and 500K prefetch modes with it (500K with the residency snapshot: new too)
+    timeout 60 python3 -m pytest -q tests/kernels/test_tier_alloc.py > "$OUT/kernels.log" 2>&1
+    tail -2 "$OUT/kernels.log"
+    timeout 170 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast auto oracle --skip-prefill-attention \
+        --json "$OUT/e2e_128k_prefetch.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/e2e_128k.log"
+    timeout 340 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants worst realistic --prefetch off forecast auto oracle \
+        --skip-prefill-attention \
+        --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/e2e_500k.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

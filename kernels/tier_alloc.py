@@ -27,13 +27,17 @@ Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
    protection of the slot it reads, its locality hit (read at the step before);
 3. `_owner_kernel` (per entry): whether it fetches (its unit's first listing, missing), and
    a cumsum of those (the owners' ranks; the last: their count m);
-4. `_victims_kernel` (one program): the m least valuable slots (ties: the lowest), in slot
-   order, from 4 byte-wide histogram rounds (torch.topk of n sorted took ~49 us per layer
-   at 20,481 slots on the H200, runbook 18), and `_assign_kernel` (per entry): the r-th
-   owner takes the r-th victim, evicts its unit, updates both tables, writes the fetch list;
+4. the victims, `victims_triton`: the m least valuable slots (ties: the lowest), in slot
+   order, from a radix select over chunks of 1,024 slots, one program each: 4 byte-wide
+   histogram rounds (`_victims_hist_kernel`, each program deriving the threshold so far from
+   the earlier rounds' global histogram), then a count and a write pass. torch.topk of n
+   sorted took ~49 us per layer at 20,481 slots on the H200 (runbook 18); the same select in
+   one program took 102 us (runbook 22: one SM for 20K values). Then `_assign_kernel` (per
+   entry): the r-th owner takes the r-th victim, evicts its unit, updates both tables,
+   writes the fetch list;
 5. the UVA gather (kernels.uva_gather);
 6. `_finish_kernel` (per entry): the final slots, and each read slot's recency and count.
-The torch version of a layer took ~50 kernels; this takes 9.
+The torch version of a layer took ~50 kernels; this takes 15.
 
 Status: the kernels match the reference bit for bit in the Triton interpreter and on the
 H200 (tests/kernels/test_tier_alloc.py; `bash bench/gpu_runbook.sh 8`, where the graph and
@@ -50,7 +54,6 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HAS_TRITON
-from kernels.page_score import _head_and_tail
 from kernels.uva_gather import GATHER_PROGRAMS, NOT_STAGED, gather_pages
 
 NEVER = torch.iinfo(torch.int32).max  # a protected slot's value
@@ -59,6 +62,7 @@ NO_CLAIM = torch.iinfo(torch.long).max
 GPU_KERNELS = os.environ.get("AGENTCTX_TIER_ALLOC_KERNELS", "1") != "0"
 USES_BITS = 20
 RECENCY_STEPS = (1 << 11) - 2  # steps of recency a value tells apart (31 bits in all)
+VICTIMS_CHUNK = 1024  # slots per program of the victims' radix select
 
 
 @dataclass
@@ -128,49 +132,75 @@ if HAS_TRITON:
         tl.store(OWNER + i, owner.to(tl.int64), mask=m)
 
     @triton.jit
-    def _victims_kernel(VALUE, RANK, VICTIMS, S1, n, BLOCK: tl.constexpr, TAIL: tl.constexpr):
-        """The m least valuable slots (m: the owners, RANK's last entry; ties: the lowest
-        slots), listed in slot order: the m-th smallest value found a byte at a time from
-        256-bin histograms (4 rounds), then one compaction. One program; values are
-        non-negative int32."""
-        m = tl.load(RANK + n - 1).to(tl.int32)
-        s = tl.arange(0, BLOCK)
-        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
-        if TAIL > 0:
-            st = BLOCK + tl.arange(0, TAIL)
-            v_t = tl.load(VALUE + st, mask=st < S1, other=2147483647)
+    def _victims_threshold(HIST, m, ROUNDS: tl.constexpr):
+        """The m-th smallest value's leading ROUNDS bytes (`prefix`) and how many values
+        lie below them (`n_less`), from the global histograms of rounds 0..ROUNDS-1."""
         bins = tl.arange(0, 256)
-        n_less = tl.zeros([], tl.int32)  # values whose decided bytes are below the prefix's
+        n_less = tl.zeros([], tl.int32)
         prefix = tl.zeros([], tl.int32)
-        for r in tl.static_range(4):
-            byte = (v >> (24 - 8 * r)) & 255
-            if r == 0:
-                hist = tl.histogram(byte, 256)
-            else:
-                hist = tl.histogram(byte, 256, mask=(v >> (32 - 8 * r)) == prefix)
-            if TAIL > 0:
-                byte_t = (v_t >> (24 - 8 * r)) & 255
-                if r == 0:
-                    hist += tl.histogram(byte_t, 256)
-                else:
-                    hist += tl.histogram(byte_t, 256, mask=(v_t >> (32 - 8 * r)) == prefix)
+        for r in tl.static_range(ROUNDS):
+            hist = tl.load(HIST + r * 256 + bins)
             at_most = n_less + tl.cumsum(hist, 0)
             best = tl.min(tl.where(at_most >= m, bins, 255), 0)
             n_less += tl.sum(tl.where(bins < best, hist, 0), 0)
             prefix = (prefix << 8) | best
-        # every value below the m-th smallest, then its ties from the lowest slot
+        return prefix, n_less
+
+    @triton.jit
+    def _victims_hist_kernel(VALUE, RANK, HIST, S1, n, ROUND: tl.constexpr,
+                             CHUNK: tl.constexpr):  # fmt: skip
+        """Round ROUND of the victims' radix select, one chunk of slots per program: the
+        256-bin histogram of byte ROUND (from the top) of the values whose higher bytes
+        equal the threshold's so far (every program derives it from the earlier rounds'
+        histograms), added into HIST[ROUND]. Values are non-negative int32."""
+        m = tl.load(RANK + n - 1).to(tl.int32)
+        prefix, n_less = _victims_threshold(HIST, m, ROUND)
+        s = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
+        byte = (v >> (24 - 8 * ROUND)) & 255
+        if ROUND == 0:
+            hist = tl.histogram(byte, 256, mask=s < S1)
+        else:
+            hist = tl.histogram(byte, 256, mask=(s < S1) & ((v >> (32 - 8 * ROUND)) == prefix))
+        bins = tl.arange(0, 256)
+        tl.atomic_add(HIST + ROUND * 256 + bins, hist, mask=hist > 0)
+
+    @triton.jit
+    def _victims_count_kernel(VALUE, RANK, HIST, COUNTS, S1, n, CHUNK: tl.constexpr):
+        """Per chunk: the values below the m-th smallest (COUNTS[0, p]) and equal to it
+        (COUNTS[1, p])."""
+        m = tl.load(RANK + n - 1).to(tl.int32)
+        prefix, n_less = _victims_threshold(HIST, m, 4)
+        p = tl.program_id(0)
+        s = p * CHUNK + tl.arange(0, CHUNK)
+        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
+        tl.store(COUNTS + p, tl.sum((v < prefix).to(tl.int32), 0))
+        tl.store(COUNTS + tl.num_programs(0) + p, tl.sum((v == prefix).to(tl.int32), 0))
+
+    @triton.jit
+    def _victims_write_kernel(VALUE, RANK, HIST, COUNTS, VICTIMS, S1, n,
+                              CHUNK: tl.constexpr, NP: tl.constexpr):  # fmt: skip
+        """The victims, in slot order: every value below the m-th smallest, then its ties
+        from the lowest slot; each program writes its chunk's after the earlier chunks'."""
+        m = tl.load(RANK + n - 1).to(tl.int32)
+        prefix, n_less = _victims_threshold(HIST, m, 4)
         ties_wanted = m - n_less
+        P = tl.num_programs(0)
+        p = tl.program_id(0)
+        j = tl.arange(0, NP)
+        less = tl.load(COUNTS + j, mask=j < P, other=0)
+        ties = tl.load(COUNTS + P + j, mask=j < P, other=0)
+        ties_before = tl.cumsum(ties, 0) - ties
+        taken = less + tl.minimum(tl.maximum(ties_wanted - ties_before, 0), ties)
+        base = tl.sum(tl.where(j < p, taken, 0), 0)
+        tie_base = tl.sum(tl.where(j < p, ties, 0), 0)
+        s = p * CHUNK + tl.arange(0, CHUNK)
+        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
         tie = v == prefix
-        chosen = (v < prefix) | (tie & (tl.cumsum(tie.to(tl.int32), 0) - 1 < ties_wanted))
-        pos = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tie_rank = tie_base + tl.cumsum(tie.to(tl.int32), 0) - 1
+        chosen = (v < prefix) | (tie & (tie_rank < ties_wanted))
+        pos = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
         tl.store(VICTIMS + pos, s.to(tl.int64), mask=chosen)
-        if TAIL > 0:
-            written = tl.sum(chosen.to(tl.int32), 0)
-            tie_t = v_t == prefix
-            tie_rank = tl.sum(tie.to(tl.int32), 0) + tl.cumsum(tie_t.to(tl.int32), 0) - 1
-            chosen_t = (v_t < prefix) | (tie_t & (tie_rank < ties_wanted))
-            pos_t = written + tl.cumsum(chosen_t.to(tl.int32), 0) - 1
-            tl.store(VICTIMS + pos_t, st.to(tl.int64), mask=chosen_t)
 
     @triton.jit
     def _assign_kernel(
@@ -339,24 +369,39 @@ _VICTIMS_KERNEL = [True]  # False once the kernel failed to build (Triton < 3.4:
 
 
 def _victims(value, owner, rank, S1: int, n: int) -> torch.Tensor:
-    """_victims_kernel, or its reference where this Triton cannot build it (the same
-    slots; a warning once). The first call is an eager step's, never a graph capture's."""
+    """The victims from the radix-select kernels, or from their reference where this Triton
+    cannot build them (the same slots; a warning once). The first call is an eager step's,
+    never a graph capture's."""
     if _VICTIMS_KERNEL[0]:
-        victims = torch.empty(n, dtype=torch.long, device=value.device)
-        block, tail = _head_and_tail(S1)
         try:
-            _victims_kernel[(1,)](value, rank, victims, S1, n, BLOCK=block, TAIL=tail,
-                                  num_warps=min(32, max(4, block // 512)))  # fmt: skip
-            return victims
+            return victims_triton(value, rank, S1, n)
         except Exception as e:  # noqa: BLE001 (a compile error: any of Triton's kinds)
             _VICTIMS_KERNEL[0] = False
-            warnings.warn(f"the victims kernel did not build ({type(e).__name__}); "
-                          "using torch for it", RuntimeWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(f"the victims kernels did not build ({type(e).__name__}); "
+                          "using torch for them", RuntimeWarning, stacklevel=2)  # fmt: skip
     return least_valuable(value, owner)
 
 
+def victims_triton(value, rank, S1: int, n: int, chunk: int = VICTIMS_CHUNK) -> torch.Tensor:
+    """The m least valuable of S1 slots (m: rank's last entry; ties: the lowest slots), in
+    slot order, then n - m entries left unwritten: a radix select over chunks of `chunk`
+    slots, one program each (4 byte-wide histogram rounds into one global histogram, then
+    a count and a write pass): 7 launches, no host read."""
+    dev = value.device
+    P = triton.cdiv(S1, chunk)
+    hist = torch.zeros(4, 256, dtype=torch.int32, device=dev)
+    counts = torch.empty(2, P, dtype=torch.int32, device=dev)
+    victims = torch.empty(n, dtype=torch.long, device=dev)
+    for r in range(4):
+        _victims_hist_kernel[(P,)](value, rank, hist, S1, n, ROUND=r, CHUNK=chunk)
+    _victims_count_kernel[(P,)](value, rank, hist, counts, S1, n, CHUNK=chunk)
+    _victims_write_kernel[(P,)](value, rank, hist, counts, victims, S1, n, CHUNK=chunk,
+                                NP=max(16, triton.next_power_of_2(P)))  # fmt: skip
+    return victims
+
+
 def least_valuable(value: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
-    """The victims (reference of _victims_kernel): the m least valuable slots, m = the
+    """The victims (reference of victims_triton): the m least valuable slots, m = the
     owners' count, ties taken from the lowest slot, listed in slot order (then padding up
     to the owner tensor's length). Fixed shapes, no host read (CUDA graphs)."""
     n = owner.numel()

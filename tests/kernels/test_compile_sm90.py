@@ -79,7 +79,11 @@ for name, sig in (
                          "SLOT_OUT": i64, "ACC": i64, "n": "i32", "SCRATCH_UNIT": "i32",
                          "C_HITS": "i32", "C_TOTAL": "i32"}),
     ("_owner_kernel", {"U_IN": i64, "SLOT_IN": i64, "CLAIM": i64, "OWNER": i64, "n": "i32"}),
-    ("_victims_kernel", {"VALUE": i32, "RANK": i64, "VICTIMS": i64, "S1": "i32", "n": "i32"}),
+    ("_victims_hist_kernel", {"VALUE": i32, "RANK": i64, "HIST": i32, "S1": "i32", "n": "i32"}),
+    ("_victims_count_kernel", {"VALUE": i32, "RANK": i64, "HIST": i32, "COUNTS": i32,
+                               "S1": "i32", "n": "i32"}),
+    ("_victims_write_kernel", {"VALUE": i32, "RANK": i64, "HIST": i32, "COUNTS": i32,
+                               "VICTIMS": i64, "S1": "i32", "n": "i32"}),
     ("_assign_kernel", {"U_IN": i64, "RANK": i64, "VICTIMS": i64, "SLOT_OF": i32,
                         "UNIT_IN": i64, "USES": i64, "SRC": i32, "DST": i32, "ACC": i64,
                         "n": "i32", "C_FETCHED": "i32", "C_EVICTED": "i32", "C_DEMAND": "i32"}),
@@ -87,11 +91,13 @@ for name, sig in (
                         "CLAIM": i64, "OUT": i32, "n": "i32", "SCRATCH_SLOT": "i32"}),
 ):
     consts = {"BLOCK": 1024}
-    if name == "_victims_kernel":  # 20,481 slots: a block of 16,384 and a tail of 8,192
-        consts = {"BLOCK": 16384, "TAIL": 8192}
+    if name.startswith("_victims"):  # rounds 1-3 take the masked histogram (round 0 too)
+        consts = {"CHUNK": ta.VICTIMS_CHUNK} | ({"ROUND": 3} if "hist" in name else {})
+    if name == "_victims_write_kernel":
+        consts |= {"NP": 32}
     if name == "_value_kernel":
         consts |= {"USES_BITS": 20, "RECENCY": ta.RECENCY_STEPS}
-    warps = 32 if name == "_victims_kernel" else 4
+    warps = 4
     out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, warps)
 print(json.dumps(out))
 """

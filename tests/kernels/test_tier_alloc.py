@@ -90,13 +90,12 @@ def test_kernels_match_the_reference(n, victims_kernel, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
-@pytest.mark.parametrize("S1", [40, 300])
-def test_victims_kernel_matches_reference(S1):
+@pytest.mark.parametrize("S1,chunk", [(40, 1024), (300, 64), (1100, 1024)])
+def test_victims_kernels_match_reference(S1, chunk):
     """The m least valuable slots (m: the owners' count, 0 to all), ties taken from the
-    lowest slot, in slot order: the one-program histogram kernel against the torch
-    reference (rows of 40 and 300 slots: a power-of-two block and a tail)."""
-    from kernels.page_score import _head_and_tail
-    from kernels.tier_alloc import _victims_kernel, least_valuable
+    lowest slot, in slot order: the radix-select kernels against the torch reference (one
+    program, 5 programs with the last one partial, 2 of the engine's chunks)."""
+    from kernels.tier_alloc import least_valuable, victims_triton
 
     g = torch.Generator().manual_seed(S1)
     n = 24
@@ -107,10 +106,8 @@ def test_victims_kernel_matches_reference(S1):
         owner = torch.zeros(n, dtype=torch.long)
         owner[torch.randperm(n, generator=g)[:m]] = 1
         ref = least_valuable(value, owner)[:m]
-        got = torch.full((n,), -1, dtype=torch.long, device=DEVICE)
-        block, tail = _head_and_tail(S1)
-        _victims_kernel[(1,)](value.to(DEVICE), torch.cumsum(owner, 0).to(DEVICE), got, S1, n,
-                              BLOCK=block, TAIL=tail)  # fmt: skip
+        got = victims_triton(value.to(DEVICE), torch.cumsum(owner, 0).to(DEVICE), S1, n,
+                             chunk=chunk)  # fmt: skip
         assert torch.equal(got[:m].cpu(), ref), (m, got[:m], ref)
         assert (ref.diff() > 0).all()  # slot order
         # the m least valuable: nothing left out is below the largest taken
