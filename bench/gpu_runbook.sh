@@ -225,6 +225,21 @@ case "${1:-1}" in
         --skip-prefill-attention \
         --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
     tail -9 "$OUT/e2e_500k.log" ;;
+25) # batch-8 verification (k = 4 against one token, recurring selections) without and with
+    # the Forecast prefetch (issue 7), then where a 500K realistic step's time goes with the
+    # oracle prefetch, which lost to no prefetch there in runbook 24 (22.1 vs 24.6 tok/s worst,
+    # 37.9 vs 51.6 realistic)
+    for pf in off forecast; do
+        timeout 170 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+            --gpu-kv-budget 6GiB --graphs --recurring 0.86 --prefetch $pf --skip-prefill-attention \
+            --json "$OUT/spec_verify_b8_$pf.json" > "$OUT/spec_verify_b8_$pf.log" 2>&1 \
+            || echo "FAILED: $?"
+        tail -4 "$OUT/spec_verify_b8_$pf.log"
+    done
+    timeout 200 python3 -m bench.profile_decode --context 500000 --gpu-kv-budget 1536MiB \
+        --variant realistic --prefetch off oracle --skip-prefill-attention --json "$OUT/profile.json" \
+        > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
+    tail -40 "$OUT/profile.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \
