@@ -152,15 +152,17 @@ def run_ours(args, mode: str) -> list[dict]:
             # prefetch: the training-free Forecast on the real path; on the synthetic
             # selections a simulated predictor at its measured recall, or the oracle
             tiers.sparse.forecast = "off" if prefetch == "off" else "free"
-            # "auto": the forecast prefetch only while steps need much from the host
-            tiers.sparse.prefetch_policy = "auto" if prefetch == "auto" else "always"
-            tiers.prefetch_on, tiers.need_mib = False, None
+            # "auto": the forecast prefetch only while steps need much from the host;
+            # "timed": then only if steps timed both ways run faster with it
+            tiers.sparse.prefetch_policy = prefetch if prefetch in ("auto", "timed") else "always"
+            tiers.policy_reset()
             tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else args.forecast_recall
             tiers.sparse.prefetch_programs = programs
             tiers.sparse.prefetch_high_priority = priority == "high"
             engine.runner.reset_graphs()  # the selection path is part of the graph
             # capture this variant's graph at this length (the first variant: the prefill)
-            warm = timed_decode(engine, prompts, 4)
+            # ("timed": long enough for its first trial, 2 + 8 steps each way, to decide)
+            warm = timed_decode(engine, prompts, 4 if prefetch != "timed" else 32)
             tiers.reset_stats()
         row = {"context": n, "batch": b, "mode": mode, "variant": variant, "prefetch": prefetch,
                "prefetch_programs": programs, "prefetch_priority": priority, **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
@@ -178,7 +180,8 @@ def run_ours(args, mode: str) -> list[dict]:
                        prefetched_mb_per_token=st.prefetched * tiers.unit_bytes
                        / max(1, st.steps) * tiers.L / 1e6,
                        capped_gib=parse_size(args.gpu_budget) / GiB if capped else None,
-                       prefetch_on=tiers.prefetching(), need_mib=tiers.need_mib)  # fmt: skip
+                       prefetch_on=tiers.prefetching(), need_mib=tiers.need_mib,
+                       trials=tiers.trials.decisions)  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     del engine
@@ -281,7 +284,7 @@ def main() -> None:
     ap.add_argument("--locality", type=float, default=0.85)
     ap.add_argument("--recurring", type=float, default=0.86,
                     help="the recurring variant's share of new pages read before")  # fmt: skip
-    ap.add_argument("--prefetch", nargs="+", default=["off"], choices=["off", "forecast", "auto", "oracle"],
+    ap.add_argument("--prefetch", nargs="+", default=["off"], choices=["off", "forecast", "auto", "timed", "oracle"],
                     help="Forecast prefetch modes to compare (issue 6)")  # fmt: skip
     ap.add_argument("--forecast-recall", type=float, default=0.92,
                     help="the simulated predictor's recall on synthetic selections (the "

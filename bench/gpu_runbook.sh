@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (24, 16 and 23 are the next session's first)
+#   bash bench/gpu_runbook.sh N    (26 is the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -240,6 +240,20 @@ case "${1:-1}" in
         --variant realistic --prefetch off oracle --skip-prefill-attention --json "$OUT/profile.json" \
         > "$OUT/profile.log" 2>&1 || echo "FAILED: $?"
     tail -40 "$OUT/profile.log" ;;
+26) # the recall statistic in O(W1 + W2) (199 us per layer at 500K in runbook 25, on the
+    # main stream: most of what the 500K prefetch lost), and the "timed" prefetch policy
+    # (time steps both ways, keep the faster) against off / forecast / oracle, 128K and 500K
+    timeout 60 python3 -m pytest -q tests/kernels/test_page_score.py -k recall > "$OUT/kernels.log" 2>&1
+    tail -2 "$OUT/kernels.log"
+    timeout 150 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast timed oracle --skip-prefill-attention \
+        --json "$OUT/e2e_128k_prefetch.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/e2e_128k.log"
+    timeout 330 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants worst realistic --prefetch off forecast timed oracle \
+        --skip-prefill-attention \
+        --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/e2e_500k.log" ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -142,24 +143,29 @@ class ModelRunner(VerifyGraphs):
     def launch(self, out: SchedulerOutput, ahead: bool = False) -> tuple:
         """Start a graph-eligible step on the device without waiting for it."""
         ids, positions, pages, offsets, _, _, _, kv_lens, page_lists = self.prepare(out, ahead)
+        turn = self.token_turn
+        self.token_turn ^= 1
+        # the step's GPU span, for the "timed" prefetch policy (read once its tokens are)
+        prefetched = self.tiers is not None and self.tiers.prefetching()
+        self.step_events[turn][0].record()
         self._run_graph(ids, positions, pages, offsets, kv_lens, page_lists, ids_on_device=ahead)
+        self.step_events[turn][1].record()
         key = self._graph_key(len(ids), kv_lens)
         # copy the tokens out now: the next graph, launched before they are read, rewrites
         # the argmax buffer
-        turn = self.token_turn
-        self.token_turn ^= 1
         self.token_host[turn][: key_size(key)].copy_(self.graph_argmax[key], non_blocking=True)
         if self.tiers is not None:
             self.tiers.policy_read(turn)  # (read back with the tokens)
         self.token_events[turn].record()
-        return turn, [it.seq.seq_id for it in out.scheduled]
+        return turn, [it.seq.seq_id for it in out.scheduled], prefetched
 
     def collect(self, handle: tuple) -> dict[int, int]:
-        turn, seq_ids = handle
+        turn, seq_ids, prefetched = handle
         self.token_events[turn].synchronize()
         tokens = self.token_host[turn][: len(seq_ids)].tolist()
         if self.tiers is not None:
-            self.tiers.policy_update(turn)
+            start, end = self.step_events[turn]
+            self.tiers.policy_update(turn, start.elapsed_time(end), prefetched, len(seq_ids))
         return dict(zip(seq_ids, tokens, strict=True))
 
     @torch.inference_mode()
@@ -167,6 +173,8 @@ class ModelRunner(VerifyGraphs):
         """Run one step; returns the sampled token for each sequence that samples."""
         if self.graph_eligible(out):
             return self.collect(self.launch(out))
+        t0 = time.perf_counter()
+        prefetched = self.tiers is not None and self.tiers.prefetching()
         (ids, positions, pages, offsets, rope_lens, sample_idx,
          query_lens, kv_lens, page_lists) = self.prepare(out)  # fmt: skip
         sampling = [item for item in out.scheduled if item.samples]
@@ -188,8 +196,9 @@ class ModelRunner(VerifyGraphs):
         generated = [item.seq.completion_token_ids for item in sampling]
         tokens = sample(logits[: len(sampling)].float(), params, gens, generated)
         if self.tiers is not None and all(q == 1 for q in query_lens):  # decode steps only
-            self.tiers.policy_read(wait=True)
-            self.tiers.policy_update()
+            self.tiers.policy_read(wait=True)  # (the tokens are on the host: the step is done)
+            ms = 1000 * (time.perf_counter() - t0)
+            self.tiers.policy_update(0, ms, prefetched, len(query_lens))
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
     @torch.inference_mode()
@@ -348,6 +357,8 @@ class ModelRunner(VerifyGraphs):
         # sampled tokens come back through two pinned buffers, each with its event
         self.token_host = [torch.zeros(n, dtype=torch.long).pin_memory() for _ in range(2)]
         self.token_events = [torch.cuda.Event() for _ in range(2)]
+        self.step_events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)]
+                            for _ in range(2)]  # fmt: skip
         self.token_turn = 0
         self.meta = torch.zeros(total, dtype=torch.long, device=self.device)
         fields = {}

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kv.prefetch_policy import PrefetchTrials
 from kernels.kv_append import fold_summaries, tier_append
 from kernels.page_score import (
     count_recall,
@@ -108,9 +109,13 @@ class SparseConfig:
     # staged) pass `prefetch_on_mib`, off again below `prefetch_off_mib` (moving average
     # over steps). On the H200 at 128K the prefetch paid with ~7.5 MB per layer-step (worst
     # case: 1.09x) and cost 10% with ~1.1 MB (the realistic case), docs/benchmarks.md
+    # "timed" (engine.kv.prefetch_policy): while "auto" would prefetch, time steps both ways
+    # now and then and keep the faster (the agentctx command line's choice)
     prefetch_policy: str = "always"
     prefetch_on_mib: float = 4.0
     prefetch_off_mib: float = 2.0
+    trial_steps: int = 8
+    retrial_steps: int = 512
     # evaluation only: each layer past the first reads the Forecast's predicted pages instead
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
@@ -131,10 +136,12 @@ class SparseConfig:
             raise ValueError(f"summary must be quest or mean, got {self.summary!r}")
         if self.layer_group < 1 or self.sink_pages < 0 or self.window_pages < 1:
             raise ValueError("layer_group >= 1, sink_pages >= 0 and window_pages >= 1")
-        if self.prefetch_policy not in ("always", "auto"):
+        if self.prefetch_policy not in ("always", "auto", "timed"):
             raise ValueError(
-                f"prefetch_policy must be always or auto, got {self.prefetch_policy!r}"
+                f"prefetch_policy must be always, auto or timed, got {self.prefetch_policy!r}"
             )
+        if self.trial_steps < 1 or self.retrial_steps < 1:
+            raise ValueError("trial_steps >= 1 and retrial_steps >= 1")
         if not 0 <= self.prefetch_off_mib <= self.prefetch_on_mib:
             raise ValueError("0 <= prefetch_off_mib <= prefetch_on_mib")
         if self.forecast not in ("off", "free", "trained"):
@@ -243,6 +250,7 @@ class TieredKV:
         # ids, and the side stream on a GPU
         self.forecast = None
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._recall_mark: torch.Tensor | None = None  # count_recall's scratch (zeros)
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event | None] = {}
@@ -270,6 +278,8 @@ class TieredKV:
         # last read (steps, demand fetches, prefetch hits: a pinned copy read after a step)
         self.prefetch_on = sparse.prefetch_policy == "always"
         self.need_mib: float | None = None
+        self.need_high = False  # "timed": the steps need the host (auto's hysteresis)
+        self.trials = PrefetchTrials(sparse.trial_steps, retrial_steps=sparse.retrial_steps)
         self._policy_seen = (0, 0, 0)
         self._policy_host = torch.zeros(
             2, 3, dtype=torch.long, pin_memory=device.type == "cuda"
@@ -400,8 +410,12 @@ class TieredKV:
                 self._ensure_resident(layer, units.reshape(-1), mine.reshape(-1))
         slots = self._ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         if predicted is not None and not sp.forecast_only:  # recall@k (after the prefetch's wait)
-            count_recall(page_ids.view(B, Hkv, -1), valid, predicted[0], self._acc,
-                         _C["recall_hits"], _C["recall_total"], self.recall_by_layer, layer)  # fmt: skip
+            M = block_tables.shape[1]
+            if self._recall_mark is None or self._recall_mark.numel() < B * Hkv * M:
+                self._recall_mark = torch.zeros(B * Hkv * M, dtype=torch.int8, device=q.device)
+            count_recall(pages, valid, predicted[2], predicted[3], M, self._acc,
+                         _C["recall_hits"], _C["recall_total"], self.recall_by_layer, layer,
+                         self._recall_mark)  # fmt: skip
         out = sparse_decode_attention(
             q.contiguous(), self.slots[layer], slots.view(B, Hkv, width), pages.to(torch.int32),
             counts, kv_lens.to(torch.int32), scale, qmask=qmask,
@@ -538,15 +552,24 @@ class TieredKV:
         """Copy the counters the "auto" policy reads into the host buffer of `turn` (one per
         step in flight), after a step's kernels: queued (`wait` False: `policy_update(turn)`
         reads it once that step is known to be done, e.g. its tokens' event) or now."""
-        if self.sparse.prefetch_policy == "auto" and self.sparse.forecast != "off":
+        if self.sparse.prefetch_policy != "always" and self.sparse.forecast != "off":
             self._policy_host[turn].copy_(self._acc[self._policy_idx], non_blocking=not wait)
 
-    def policy_update(self, turn: int = 0) -> None:
+    def policy_reset(self) -> None:
+        """Forget what the policy measured (benchmarks: each run starts as a fresh engine)."""
+        self.prefetch_on = self.sparse.prefetch_policy == "always"
+        self.need_mib, self.need_high = None, False
+        self.trials.reset()
+
+    def policy_update(self, turn: int = 0, step_ms: float | None = None,
+                      prefetched: bool = False, size: int = 1) -> None:  # fmt: skip
         """After a step that `policy_read(turn)` followed is done: the pages it needed from
         the host per layer (on demand or from the stage), into the moving average, and the
-        prefetch on or off by the thresholds (with hysteresis)."""
+        prefetch on or off: by the thresholds (with hysteresis), and for "timed" then by
+        the step times (`step_ms`, of a step that `prefetched` or not, of `size` sequences;
+        engine.kv.prefetch_policy)."""
         sp = self.sparse
-        if sp.prefetch_policy != "auto" or sp.forecast == "off":
+        if sp.prefetch_policy == "always" or sp.forecast == "off":
             return
         now = tuple(self._policy_host[turn].tolist())
         if now[0] < self._policy_seen[0]:  # the counters were reset
@@ -558,10 +581,18 @@ class TieredKV:
         self._policy_seen = now
         mib = units * self.unit_bytes / steps / 2**20
         self.need_mib = mib if self.need_mib is None else 0.5 * self.need_mib + 0.5 * mib
-        if self.prefetch_on and self.need_mib < sp.prefetch_off_mib:
+        if self.need_high and self.need_mib < sp.prefetch_off_mib:
+            self.need_high = False
+        elif not self.need_high and self.need_mib > sp.prefetch_on_mib:
+            self.need_high = True
+        if sp.prefetch_policy == "auto":
+            self.prefetch_on = self.need_high
+        elif not self.need_high:
+            self.trials.reset()
             self.prefetch_on = False
-        elif not self.prefetch_on and self.need_mib > sp.prefetch_on_mib:
-            self.prefetch_on = True
+        else:
+            self.trials.observe(step_ms, prefetched, size)
+            self.prefetch_on = self.trials.on
 
     def after_attention(self, layer: int, residual: torch.Tensor, ctx) -> None:
         """Layer `layer`'s attention is done (residual: the stream before its MLP): predict

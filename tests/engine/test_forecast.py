@@ -37,10 +37,15 @@ def runs():
     policies = {
         "auto-on": {"prefetch_on_mib": 1e-6, "prefetch_off_mib": 0.0},
         "auto-off": {"prefetch_on_mib": 1e6, "prefetch_off_mib": 1e6},
+        # "timed": the steps need the host; 3 steps each way, then the faster
+        "timed": {"prefetch_policy": "timed", "prefetch_on_mib": 1e-6, "prefetch_off_mib": 0.0,
+                  "trial_steps": 3},
     }
-    for forecast in ("off", "free", "auto-on", "auto-off"):
-        policy = policies.get(forecast)
-        engine = load("free", prefetch_policy="auto", **policy) if policy else load(forecast)
+    for forecast in ("off", "free", "auto-on", "auto-off", "timed"):
+        policy = dict(policies.get(forecast, {}))
+        if policy:
+            policy.setdefault("prefetch_policy", "auto")
+        engine = load("free", **policy) if policy else load(forecast)
         text = (ROOT / "README.md").read_text()[:3000]
         prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
         tokens = engine.generate([prompt], PARAMS)[0].token_ids
@@ -85,7 +90,8 @@ def test_auto_policy_switches_with_hysteresis(runs):
              tiers._policy_seen)  # fmt: skip
     try:
         sp.prefetch_on_mib, sp.prefetch_off_mib = 4.0, 2.0
-        tiers.prefetch_on, tiers.need_mib, tiers._policy_seen = False, None, (0, 0, 0)
+        tiers.policy_reset()
+        tiers._policy_seen = (0, 0, 0)
         seen = [0, 0, 0]
 
         def step(mib_per_layer_step: float, layer_steps: int = 30) -> bool:
@@ -107,6 +113,18 @@ def test_auto_policy_switches_with_hysteresis(runs):
     finally:
         (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.prefetch_on, tiers.need_mib,
          tiers._policy_seen) = saved  # fmt: skip
+
+
+def test_timed_policy_keeps_the_faster_way(runs):
+    """The "timed" policy ran steps both ways (3 each, after 2 it throws away) and kept the
+    faster by its own measurement; tokens never change."""
+    plain, _, _ = runs["off"]
+    tokens, stats, tiers = runs["timed"]
+    assert tokens == plain
+    assert tiers.need_high and stats.prefetched > 0  # (the trial's steps with the prefetch)
+    assert len(tiers.trials.decisions) == 1
+    off_ms, on_ms = tiers.trials.decisions[0]
+    assert off_ms > 0 and on_ms > 0 and tiers.prefetch_on is (on_ms < off_ms)
 
 
 def test_training_free_recall_beats_the_previous_steps_pages(runs):

@@ -52,9 +52,10 @@ for block, tail in ((8192, 16), (16384, 16384), (32768, 0)):
               "BLOCK": block, "TAIL": tail, "HAS_BUDGETS": True}
     out[f"hist/{block}+{tail}"] = build(_select_hist_kernel, select_sig, consts,
                                         min(32, block // 512))
-recall_sig = {"EXACT": "*i64", "VALID": "*u8", "PRED": "*i32", "ACC": "*i64", "BY_LAYER": "*i64",
-              "W1": "i32", "W2": "i32", "c_hits": "i32", "c_total": "i32", "layer": "i32"}
-out["recall"] = build(_recall_kernel, recall_sig, {"W1P2": 256, "CHUNK": 32}, 4)
+recall_sig = {"EXACT": "*i64", "VALID": "*u8", "PRED": "*i64", "PRED_COUNTS": "*i32",
+              "MARK": "*i8", "ACC": "*i64", "BY_LAYER": "*i64", "W1": "i32", "W2": "i32",
+              "n_pages": "i32", "c_hits": "i32", "c_total": "i32", "layer": "i32"}
+out["recall"] = build(_recall_kernel, recall_sig, {"CHUNK": 256}, 4)
 gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i32",
               "STAGE": "*bf16", "STAGE_OF": "*i32", "n": "i32"}
 for stage in (False, True):
