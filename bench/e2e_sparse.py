@@ -181,7 +181,7 @@ def run_ours(args, mode: str) -> list[dict]:
                        / max(1, st.steps) * tiers.L / 1e6,
                        capped_gib=parse_size(args.gpu_budget) / GiB if capped else None,
                        prefetch_on=tiers.prefetching(), need_mib=tiers.need_mib,
-                       trials=tiers.trials.decisions)  # fmt: skip
+                       trials=list(tiers.trials.decisions))  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     del engine

@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--preset", default="smollm2-135m")
     ap.add_argument("--context", type=int, default=1500)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prefetch-only", action="store_true",
+                    help="only the Forecast prefetch checks (against the unlimited tier)")  # fmt: skip
     args = ap.parse_args()
     model = f"dummy:{args.preset}"
     params = SamplingParams(max_tokens=32, ignore_eos=True)
@@ -40,6 +42,14 @@ def main() -> None:
     vocab = dense.model_config.vocab_size
     rng = random.Random(0)
     prompts = [[rng.randrange(100, vocab) for _ in range(args.context)] for _ in range(3)]
+    cfg = dense.model_config
+    unit = 2 * 16 * cfg.head_dim * 4
+    pages = -(-(args.context + 32) // 16)
+    slots = 4 * (int(0.2 * pages) + 4) * cfg.num_kv_heads + 8  # the batch's working set
+    if args.prefetch_only:
+        a = [c.token_ids for c in load(SparseConfig(budget_fraction=0.2)).generate(prompts, params)]
+        prefetch_checks(load, prompts, params, cfg.num_layers * slots * unit, a)
+        return
     t = time.perf_counter()
     ref = [c.token_ids for c in dense.generate(prompts, params)]
     print(f"dense: {time.perf_counter() - t:.2f} s")
@@ -49,12 +59,8 @@ def main() -> None:
     print(f"sparse, every page: {time.perf_counter() - t:.2f} s; "
           f"[{'ok' if got == ref else 'FAIL'}] tokens == dense "
           f"({sum(a == b for a, b in zip(got, ref, strict=True))}/3 prompts)")  # fmt: skip
-    cfg = full.model_config
-    unit = 2 * 16 * cfg.head_dim * 4
     big = load(SparseConfig(budget_fraction=0.2))
     a = [c.token_ids for c in big.generate(prompts, params)]
-    pages = -(-(args.context + 32) // 16)
-    slots = 4 * (int(0.2 * pages) + 4) * cfg.num_kv_heads + 8  # the batch's working set
     tiny = load(SparseConfig(budget_fraction=0.2, gpu_kv_budget=cfg.num_layers * slots * unit))
     b = [c.token_ids for c in tiny.generate(prompts, params)]
     st = tiny.runner.tiers.stats
@@ -90,7 +96,14 @@ def graphs_check(load, prompts, params, budget_bytes, expected) -> None:
               f"steps {st.steps}")  # fmt: skip
         if sparse.get("synthetic") is None:
             print(f"    vs the unlimited tier: {'ok' if b == expected else 'FAIL'}")
-    # Forecast prefetch on the side stream, inside the CUDA graphs: the same tokens
+    prefetch_checks(load, prompts, params, budget_bytes, expected)
+
+
+def prefetch_checks(load, prompts, params, budget_bytes, expected) -> None:
+    """Forecast prefetch on the side stream, inside the CUDA graphs: the same tokens, with
+    each predictor and with the "auto" and "timed" policies switching graphs."""
+    from engine.kv import SparseConfig
+
     for forecast in ("free", "trained"):
         sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=budget_bytes, forecast=forecast)
         graphed = load(sparse, graphs=True)
@@ -112,6 +125,19 @@ def graphs_check(load, prompts, params, budget_bytes, expected) -> None:
     print(f"[{'ok' if ok else 'FAIL'}] auto prefetch policy in CUDA graphs == no prefetch; "
           f"graphs prefetching {keys}, need {tiers.need_mib:.3f} MiB per layer-step, "
           f"prefetched {st.prefetched}, hits {st.prefetch_hits}")  # fmt: skip
+    # the "timed" policy: 3 steps timed each way by the graphs' events, then the faster
+    sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=budget_bytes, forecast="free",
+                          prefetch_policy="timed", prefetch_on_mib=1e-6, prefetch_off_mib=0.0,
+                          trial_steps=3)  # fmt: skip
+    graphed = load(sparse, graphs=True)
+    got = [c.token_ids for c in graphed.generate(prompts, params)]
+    tiers = graphed.runner.tiers
+    keys = sorted({k[2] for k in graphed.runner.graphs if isinstance(k, tuple)})
+    dec = tiers.trials.decisions
+    ok = got == expected and keys == [False, True] and len(dec) >= 1
+    print(f"[{'ok' if ok else 'FAIL'}] timed prefetch policy in CUDA graphs == no prefetch; "
+          f"graphs prefetching {keys}, trials (ms off, on) {[tuple(round(x, 3) for x in d) for d in dec]}, "
+          f"prefetching now {tiers.prefetching()}")  # fmt: skip
 
 
 if __name__ == "__main__":
