@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (26 is the next session's first)
+#   bash bench/gpu_runbook.sh N    (27 is the next session's first)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -254,6 +254,17 @@ case "${1:-1}" in
         --skip-prefill-attention \
         --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
     tail -9 "$OUT/e2e_500k.log" ;;
+27) # next session first: batch-8 verification with the recurring draws for a verification's
+    # later queries too (engine/kv/tiers.py _select_per_query; on the real model a k = 4
+    # verification fetched 4.4x a one-token step, bench.verify_union; the H200 bench's
+    # random draws fetched 11x in runbook 25), batch 1 and 8, k = 0, 1, 2, 4 (issue 7)
+    for run in "1 5GiB" "8 6GiB"; do
+        set -- $run
+        timeout 250 python3 -m bench.spec_verify --context 131072 --batches $1 --ks 0 1 2 4 \
+            --gpu-kv-budget $2 --graphs --recurring 0.86 --skip-prefill-attention \
+            --json "$OUT/spec_verify_b$1.json" > "$OUT/spec_verify_b$1.log" 2>&1 || echo "FAILED: $?"
+        tail -6 "$OUT/spec_verify_b$1.log"
+    done ;;
 16) # selections whose new pages mostly recur, as the real model's do (docs/quality.md):
     # the prefetch modes at 128K, and the batch-8 verification's cost with them (issues 6, 7)
     timeout 200 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants recurring \

@@ -464,13 +464,24 @@ class TieredKV:
             width=None if sp.tail_pages else budget, budgets=budgets,
         )  # fmt: skip
         if record:  # what each row read, for the next step's synthetic locality
-            prev = self._synthetic_prev(layer, block_tables.shape[0])
-            prev.zero_()
             valid = torch.arange(pages.shape[-1], device=pages.device) < counts[..., None]
-            prev.scatter_(-1, torch.where(valid, pages.long(), prev.shape[-1] - 1), True)
-            if sp.synthetic_recurring:
-                self._synthetic_prev(layer, block_tables.shape[0], seen=True).logical_or_(prev)
+            self._synthetic_record(layer, block_tables.shape[0], pages[:, None], valid[:, None])
         return pages, counts
+
+    def _synthetic_record(self, layer: int, B: int, pages: torch.Tensor,
+                          valid: torch.Tensor) -> None:  # fmt: skip
+        """What each row read at this step (pages, valid [B, T, Hkv, W]: T queries), for the
+        next step's synthetic locality: the last query's pages; and every query's among the
+        pages read at any step (the recurring draws')."""
+        prev = self._synthetic_prev(layer, B)
+        none = prev.shape[-1] - 1
+        prev.zero_()
+        prev.scatter_(-1, torch.where(valid[:, -1], pages[:, -1].long(), none), True)
+        if self.sparse.synthetic_recurring:
+            seen = self._synthetic_prev(layer, B, seen=True)
+            at = torch.where(valid, pages.long(), none).transpose(1, 2).reshape(B, self.Hkv, -1)
+            seen.scatter_(-1, at, True)
+            seen[..., none] = False
 
     def _select_per_query(self, q, layer, block_tables, kv_lens, width: int | None = None):
         """A verification's selection: each of the T queries of a sequence selects as a
@@ -484,6 +495,8 @@ class TieredKV:
         M = block_tables.shape[1]
         dev = q.device
         lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=dev)).reshape(-1)
+        n_pages = (lens + P - 1) // P
+        budgets = self._budget_pages(n_pages).clamp(max=M)
         if sp.synthetic is not None:
             # benchmarks: query 0 draws as a decode step would; each later query keeps 85% of
             # its pages (the step-to-step locality measured on the real model)
@@ -495,16 +508,28 @@ class TieredKV:
             later = (torch.arange(B * T, device=dev) % T != 0)[:, None, None]
             drop = torch.rand(scores.shape, device=dev) < 0.15
             scores = scores - 4.0 * (drop & later).float()
+            if sp.synthetic_recurring:
+                # ... and, as a decode step's, about `synthetic_recurring` of the pages that
+                # replace the dropped ones were read at earlier steps: on the real model a
+                # k = 4 verification fetched 4.4x a one-token step, about what its 5 queries
+                # would as 5 steps (bench.verify_union, docs/verify_union.json); with those
+                # pages drawn at random, the H200 bench's fetched 11x (runbook 25)
+                seen = self._synthetic_prev(layer, B, seen=True)[..., :M].repeat_interleave(T, 0)
+                want = sp.synthetic_recurring * 0.15 * budgets.float()[:, None, None]
+                p = (want / seen.sum(-1, keepdim=True).clamp(min=1)).clamp(max=1)
+                boost = seen & later & (torch.rand(scores.shape, device=dev) < p)
+                scores = scores + boost.float()
         else:
             scores = page_scores(q, self.summ[layer], block_tables, kv_lens.to(torch.int32), P,
                                  Hkv, sp.summary, per_query=True).reshape(B * T, Hkv, M)  # fmt: skip
-        n_pages = (lens + P - 1) // P
-        budgets = self._budget_pages(n_pages).clamp(max=M)
         top = min(int(budgets.max()), M) if self.step_budget is None else min(self.step_budget, M)
         pages, counts = select_pages(scores, lens.to(torch.int32), P, top, sp.sink_pages,
                                      sp.window_pages, width=top, budgets=budgets)  # fmt: skip
         # the union as a bitmap: query t adds 1 << t at each of its (distinct) pages
         valid = torch.arange(top, device=dev)[None, None, :] < counts[..., None]
+        if sp.synthetic is not None:  # the next step follows the last query (all accepted)
+            self._synthetic_record(layer, B, pages.view(B, T, Hkv, top),
+                                   valid.view(B, T, Hkv, top))  # fmt: skip
         at = torch.where(valid, pages.long(), M).view(B, T, Hkv, top).transpose(1, 2)
         bit = (1 << torch.arange(T, device=dev, dtype=torch.int32))[None, None, :, None]
         bit = torch.where(valid.view(B, T, Hkv, top).transpose(1, 2), bit, 0)

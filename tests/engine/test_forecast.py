@@ -38,8 +38,12 @@ def runs():
         "auto-on": {"prefetch_on_mib": 1e-6, "prefetch_off_mib": 0.0},
         "auto-off": {"prefetch_on_mib": 1e6, "prefetch_off_mib": 1e6},
         # "timed": the steps need the host; 3 steps each way, then the faster
-        "timed": {"prefetch_policy": "timed", "prefetch_on_mib": 1e-6, "prefetch_off_mib": 0.0,
-                  "trial_steps": 3},
+        "timed": {
+            "prefetch_policy": "timed",
+            "prefetch_on_mib": 1e-6,
+            "prefetch_off_mib": 0.0,
+            "trial_steps": 3,
+        },
     }
     for forecast in ("off", "free", "auto-on", "auto-off", "timed"):
         policy = dict(policies.get(forecast, {}))
@@ -268,3 +272,51 @@ def test_synthetic_selections_can_redraw_pages_read_earlier():
         assert 0.75 < st.locality < 0.95
     assert shares[0.86] > shares[0.0] + 0.3
     assert 0.75 < shares[0.86] < 0.97
+
+
+@pytest.mark.parametrize("recurring", [0.0, 0.86])
+def test_synthetic_verifications_redraw_pages_read_earlier(recurring):
+    """A verification's later queries replace some of query 0's pages; with
+    `synthetic_recurring` most replacements are pages the row read at earlier steps, as a
+    decode step's new pages are (on the real model a k = 4 verification fetched about what
+    its 5 queries would as 5 steps, 4.4x a one-token step: docs/verify_union.json), not
+    fresh pages (the H200 bench's verification fetched 11x before). And the step records
+    the last query's pages as the next step's previous selection."""
+    import torch
+
+    sparse = SparseConfig(budget_fraction=0.2, synthetic=0.85, synthetic_recurring=recurring)
+    engine = Engine.load(None, device="cpu", dtype="float32", weights="dense",
+                         config=EngineConfig(sparse=sparse))  # fmt: skip
+    tiers = engine.runner.tiers
+    B, T, M, Hkv = 1, 5, 400, tiers.Hkv
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    seen = torch.rand(B, Hkv, M, generator=g) < 0.3  # read at earlier steps
+    prev = seen & (torch.rand(B, Hkv, M, generator=g) < 0.6)  # at the step before (~72)
+    tiers._synthetic_prev(0, B)[..., :M] = prev
+    tiers._synthetic_prev(0, B, seen=True)[..., :M] = seen
+    block_tables = torch.arange(M, dtype=torch.int32)[None]
+    kv_lens = torch.tensor([M * tiers.P], dtype=torch.int32)
+    q = torch.zeros(B, T, engine.model_config.num_heads, engine.model_config.head_dim)
+    pages, counts, qmask = tiers._select_per_query(q, 0, block_tables, kv_lens)
+    later_only = torch.zeros(B, Hkv, M, dtype=torch.bool)
+    for h in range(Hkv):
+        n = int(counts[0, h])
+        p, bits = pages[0, h, :n].long(), qmask[0, h, :n]
+        later_only[0, h, p[(bits & 1) == 0]] = True
+    window = torch.zeros(M, dtype=torch.bool)
+    window[-sparse.window_pages - 1 :] = True  # (the later queries' own newest pages)
+    later_only &= ~window
+    share = (later_only & seen).sum() / later_only.sum()
+    assert later_only.sum() > 20
+    if recurring:
+        assert share > 0.6, share  # (measured 0.74; without the later queries' draw: 0.36)
+    else:
+        assert share < 0.5, share  # fresh draws: about the seen pages' 30%
+    # the next step follows the last query: its pages are now the previous selection
+    last = torch.zeros(B, Hkv, M, dtype=torch.bool)
+    for h in range(Hkv):
+        n = int(counts[0, h])
+        p, bits = pages[0, h, :n].long(), qmask[0, h, :n]
+        last[0, h, p[(bits >> (T - 1)) & 1 == 1]] = True
+    assert torch.equal(tiers._synthetic_prev(0, B)[..., :M], last)
