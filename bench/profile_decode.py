@@ -194,6 +194,9 @@ def main() -> None:
                 f"streams {t['side_busy_ms']:.2f}, overlapped {t['overlap_ms']:.2f}, main idle "
                 f"while another ran {t['main_idle_while_side_ms']:.2f} ({t['streams']} streams)"
             )
+            if t["streams"] > 2:
+                print(f"{'':>10} ({t['streams']} stream ids: the graph replay spread its kernels "
+                      "over them, so the main/side split below mixes the two chains)")  # fmt: skip
             for side in ("main", "side"):
                 for name, k in t[f"{side}_kernels"].items():
                     print(f"{'':>8}{side:>6} {k['n']:5d} x {k['mean_us']:7.1f} us  {name}")
