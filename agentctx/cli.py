@@ -67,13 +67,13 @@ def cli(ctx: click.Context) -> None:
     help="A .gguf file, a checkpoint directory or a cached repo id.",
 )
 @kv_options
-def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, forecast,
+def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch,
         speculate) -> None:  # fmt: skip
     """Open the chat TUI."""
     from agentctx.tui import run_tui
     from tools.repo_files import resolve_root
 
-    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate)
+    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     root = _run(lambda: str(resolve_root(repo)))
     run_tui(repo=root, model=model, config=config)
 
@@ -140,7 +140,7 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
 @kv_options
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
         context_tokens, max_steps, device, weights, sparse, gpu_kv_budget, host_kv_budget,
-        forecast, speculate) -> None:  # fmt: skip
+        forecast, prefetch, speculate) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
     from agentctx.ask import (
         history_messages,
@@ -159,7 +159,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
     if repo and book:
         raise click.UsageError("use either --repo or --book, not both")
     output = JsonOutput() if as_json else TextOutput()
-    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate)
+    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     try:
         store = None if no_save and not (cont or session_ref) else _store()
         session = _find_session(store, session_ref, cont)

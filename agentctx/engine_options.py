@@ -9,8 +9,8 @@ from agentctx.kv_snapshots import BudgetError, parse_size
 
 
 def kv_options(f):
-    """--sparse, --gpu-kv-budget, --host-kv-budget, --forecast and --speculate, for `ask`
-    and `tui`."""
+    """--sparse, --gpu-kv-budget, --host-kv-budget, --forecast, --prefetch and --speculate,
+    for `ask` and `tui`."""
     f = click.option(
         "--speculate",
         default="auto",
@@ -27,9 +27,15 @@ def kv_options(f):
         default="off",
         show_default=True,
         help="Prefetch the next layer's predicted pages (needs --sparse): the training-free "
-        "predictor, or the trained one shipped for the model. It prefetches only while "
-        "decode steps fetch pages from the host and, timed both ways now and then, run "
-        "faster with it.",
+        "predictor, or the trained one shipped for the model.",
+    )(f)
+    f = click.option(
+        "--prefetch",
+        type=click.Choice(["timed", "always"]),
+        default="timed",
+        show_default=True,
+        help="When --forecast prefetches: timed (only while decode steps fetch many pages "
+        "from the host and, timed both ways now and then, run faster with it) or always.",
     )(f)
     f = click.option(
         "--host-kv-budget",
@@ -51,7 +57,7 @@ def kv_options(f):
 
 
 def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,
-                  forecast: str = "off", speculate: str = "off"):  # fmt: skip
+                  forecast: str = "off", speculate: str = "off", prefetch: str = "timed"):  # fmt: skip
     """An EngineConfig for the options (None when all are left out or off); bad values
     raise click.BadParameter (exit 2)."""
     from engine.spec.decoder import SpecConfig
@@ -82,7 +88,7 @@ def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget:
         raise click.BadParameter("Forecast prefetch needs --sparse", param_hint="--forecast")
     if sparse_cfg is not None:
         sparse_cfg.forecast = forecast
-        sparse_cfg.prefetch_policy = "timed"  # (engine.kv.prefetch_policy)
+        sparse_cfg.prefetch_policy = prefetch  # "timed": engine.kv.prefetch_policy
     try:
         if gpu_kv_budget is not None:
             sparse_cfg.gpu_kv_budget = parse_size(gpu_kv_budget)

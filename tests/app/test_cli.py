@@ -134,11 +134,22 @@ def test_sparse_decode_over_a_small_gpu_tier(small_repo):
     result = agentctx(
         "ask", "What does this repository do?", "--repo", str(small_repo), "--no-save",
         "--max-tokens", "12", "--sparse", "25%", "--gpu-kv-budget", "40MB", "--weights", "dense",
-        "--forecast", "free",
+        "--forecast", "free", "--prefetch", "always",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "sparse: " in result.stderr and "fetched from the host" in result.stderr
     assert "forecast recall" in result.stderr and "done ahead" in result.stderr
+
+
+def test_forecast_prefetch_is_timed_unless_asked_always():
+    """--forecast prefetches under the "timed" policy (engine.kv.prefetch_policy) unless
+    --prefetch always says otherwise."""
+    from agentctx.engine_options import engine_config
+
+    timed = engine_config("2%", None, None, forecast="free")
+    always = engine_config("2%", None, None, forecast="free", prefetch="always")
+    assert timed.sparse.prefetch_policy == "timed" and timed.sparse.forecast == "free"
+    assert always.sparse.prefetch_policy == "always"
 
 
 @pytest.mark.parametrize("args,needle", [
