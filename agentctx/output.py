@@ -68,6 +68,7 @@ class TextOutput:
                     if usage.get("forecast_recall") is not None
                     else ""
                 )
+                + prefetch_summary(usage.get("prefetch"))
                 + (
                     f"; speculation: {usage['speculation']['mean_accepted']:.2f} tokens per "
                     f"verification, {usage['speculation']['acceptance_rate']:.0%} of drafts "
@@ -77,6 +78,22 @@ class TextOutput:
                 )
                 + (f"; session {usage['session']}" if usage.get("session") else "")
             )
+
+
+def prefetch_summary(state: dict | None) -> str:
+    """The summary line's prefetch part, "; prefetch on|off (why)", where a policy decides
+    (none for "always")."""
+    if not state or state["policy"] == "always":
+        return ""
+    on = "on" if state["on"] else "off"
+    if state.get("trial_ms"):
+        off_ms, on_ms = state["trial_ms"]
+        why = f"timed: {off_ms:.1f} ms per step without, {on_ms:.1f} with"
+    elif state.get("need_mib") is not None:
+        why = f"the steps need {state['need_mib']:.2f} MiB per layer from the host"
+    else:
+        why = "no decode step measured yet"
+    return f"; prefetch {on} ({why})"
 
 
 class JsonOutput:

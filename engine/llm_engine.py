@@ -561,7 +561,19 @@ class Engine:
                 if st.prefetch_hits + st.demand_fetched
                 else None
             ),  # fmt: skip
+            "prefetch": self._prefetch_state(),
         }
+
+    def _prefetch_state(self) -> dict | None:
+        """The Forecast prefetch policy's state (engine.kv.prefetch_policy): on or off now,
+        the MiB per layer-step the steps needed from the host, the last trial's medians
+        (ms per step without, with); None without a forecast."""
+        tiers = self.runner.tiers
+        if tiers is None or tiers.sparse.forecast == "off":
+            return None
+        last = tiers.trials.decisions[-1] if tiers.trials.decisions else None
+        return {"policy": tiers.sparse.prefetch_policy, "on": tiers.prefetching(),
+                "need_mib": tiers.need_mib, "trial_ms": list(last) if last else None}  # fmt: skip
 
     def kv_identity(self) -> dict[str, str]:
         """What KV computed by this engine depends on; a snapshot must match all of it."""

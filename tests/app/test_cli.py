@@ -141,6 +141,20 @@ def test_sparse_decode_over_a_small_gpu_tier(small_repo):
     assert "forecast recall" in result.stderr and "done ahead" in result.stderr
 
 
+def test_summary_line_says_why_the_prefetch_is_off_or_on():
+    from agentctx.output import prefetch_summary
+
+    timed = {"policy": "timed", "on": False, "need_mib": 6.0, "trial_ms": [18.63, 21.05]}
+    assert prefetch_summary(timed) == (
+        "; prefetch off (timed: 18.6 ms per step without, 21.1 with)"
+    )
+    low = {"policy": "timed", "on": False, "need_mib": 1.06, "trial_ms": None}
+    assert (
+        prefetch_summary(low) == "; prefetch off (the steps need 1.06 MiB per layer from the host)"
+    )
+    assert prefetch_summary(None) == "" and prefetch_summary({**timed, "policy": "always"}) == ""
+
+
 def test_forecast_prefetch_is_timed_unless_asked_always():
     """--forecast prefetches under the "timed" policy (engine.kv.prefetch_policy) unless
     --prefetch always says otherwise."""

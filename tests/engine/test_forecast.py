@@ -54,6 +54,8 @@ def runs():
         prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
         tokens = engine.generate([prompt], PARAMS)[0].token_ids
         out[forecast] = (tokens, engine.runner.tiers.stats, engine.runner.tiers)
+        if forecast == "timed":
+            out["timed-engine"] = engine
     return out
 
 
@@ -129,6 +131,10 @@ def test_timed_policy_keeps_the_faster_way(runs):
     assert len(tiers.trials.decisions) == 1
     off_ms, on_ms = tiers.trials.decisions[0]
     assert off_ms > 0 and on_ms > 0 and tiers.prefetch_on is (on_ms < off_ms)
+    # what the summary line reports (engine.kv_stats -> agentctx.output)
+    state = runs["timed-engine"].kv_stats()["prefetch"]
+    assert state == {"policy": "timed", "on": tiers.prefetch_on, "need_mib": tiers.need_mib,
+                     "trial_ms": [off_ms, on_ms]}  # fmt: skip
 
 
 def test_training_free_recall_beats_the_previous_steps_pages(runs):
