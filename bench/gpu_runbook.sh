@@ -257,7 +257,11 @@ case "${1:-1}" in
 27) # next session first: batch-8 verification with the recurring draws for a verification's
     # later queries too (engine/kv/tiers.py _select_per_query; on the real model a k = 4
     # verification fetched 4.4x a one-token step, bench.verify_union; the H200 bench's
-    # random draws fetched 11x in runbook 25), batch 1 and 8, k = 0, 1, 2, 4 (issue 7)
+    # random draws fetched 11x in runbook 25), batch 1 and 8, k = 0, 1, 2, 4 (issue 7).
+    # First the verification graphs' check: their inputs now go through numpy into pinned
+    # staging (engine/verify_graphs.py fill_verify_staging), not through torch.tensor(lists)
+    timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/verify_check.log"
     for run in "1 5GiB" "8 6GiB"; do
         set -- $run
         timeout 250 python3 -m bench.spec_verify --context 131072 --batches $1 --ks 0 1 2 4 \

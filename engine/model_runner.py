@@ -74,6 +74,7 @@ class ModelRunner(VerifyGraphs):
         self.vgraphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.vgraph_logits: dict[tuple[int, int, int], torch.Tensor] = {}
         self.vbuf: dict[int, dict[str, torch.Tensor]] = {}  # per T: static inputs
+        self.vstage: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per T: host staging
         self.vgraph_tally: dict[tuple[int, int, int], list[int]] = {}
         self.vgraph_off: set[tuple[int, int, int]] = set()
         self.verify_replays = self.verify_fallbacks = 0

@@ -268,3 +268,29 @@ def test_auto_on_the_cpu_is_lookup_where_it_matches_else_self(checkpoint):
         assert proposer.propose(plain, 4).tokens == own and len(own) == 4
     else:
         pytest.fail("the random prompt repeats its last tokens: pick another seed")
+
+
+def test_verify_staging_matches_the_list_tables():
+    """The verification graph's inputs written with numpy (engine.verify_graphs) are the
+    lists the eager path builds: each field's first B * T rows, the lengths, and each
+    table padded with the scratch page to the end of its row."""
+    import numpy as np
+
+    from engine.verify_graphs import fill_verify_staging
+
+    n, T, max_pages, scratch = 4, 3, 10, 99
+    longs = np.full(4 * n * T, -7, dtype=np.int64)
+    ints = np.full(n + n * max_pages, -7, dtype=np.int32)
+    ids, positions = [5, 6, 7, 8, 9, 10], [20, 21, 22, 40, 41, 42]
+    pages, offsets = [1, 1, 2, 3, 3, 3], [4, 5, 0, 8, 9, 10]
+    kv_lens, page_lists = [23, 43], [[1, 2], [0, 3, 4, 5]]
+    width = fill_verify_staging(longs, ints, n, T, max_pages, scratch, ids, positions, pages,
+                                offsets, kv_lens, page_lists)  # fmt: skip
+    assert width == 4
+    for i, values in enumerate((ids, positions, pages, offsets)):
+        assert longs[i * n * T : i * n * T + 6].tolist() == values
+        assert (longs[i * n * T + 6 : (i + 1) * n * T] == -7).all()  # padding rows untouched
+    assert ints[:2].tolist() == kv_lens
+    tables = ints[n:].reshape(n, max_pages)
+    assert tables[0].tolist() == [1, 2] + [scratch] * 8
+    assert tables[1].tolist() == [0, 3, 4, 5] + [scratch] * 6
