@@ -397,9 +397,9 @@ if HAS_TRITON:
             i = c + tl.arange(0, CHUNK)
             valid = tl.load(VALID + row * W1 + i, mask=i < W1, other=0) != 0
             e = tl.load(EXACT + row * W1 + i, mask=valid, other=0)
-            valid = valid & (e >= 0) & (e < n_pages)
-            listed = tl.load(mark + e, mask=valid, other=0) != 0
-            hits += tl.sum((valid & listed).to(tl.int64), 0)
+            inside = valid & (e >= 0) & (e < n_pages)  # (a page outside: never predicted)
+            listed = tl.load(mark + e, mask=inside, other=0) != 0
+            hits += tl.sum((inside & listed).to(tl.int64), 0)
             total += tl.sum(valid.to(tl.int64), 0)
         tl.debug_barrier()  # every test has read its mark
         for c in range(0, W2, CHUNK):

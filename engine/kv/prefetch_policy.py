@@ -10,7 +10,8 @@ this policy times both ways: `trial_steps` steps without the prefetch, then as m
 it (each after `settle_steps` it throws away: the first step of a mode may capture a CUDA
 graph, and steps launched before the switch still run the old way), keeps the faster by
 the medians, and tries again `retrial_steps` steps after each decision (the context grows,
-the batch changes). Steps of a batch size other than the trial's restart it.
+the batch changes). Steps of a batch size other than the trial's are skipped; a trial
+whose size stops coming starts again at the size that does.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class PrefetchTrials:
             self._start(size)
             return
         t = self._trial
-        if size != t["size"]:  # another batch: its steps are not comparable
-            self._start(size)
+        if size != t["size"]:  # another batch size: its steps are not comparable, skipped;
+            t["other"] += 1  # a trial whose size stopped coming starts again at this one
+            if t["other"] > 4 * (self.trial_steps + self.settle_steps):
+                self._start(size)
             return
         if step_ms is None or prefetched != self.on:  # launched before the switch
             return
@@ -69,4 +72,5 @@ class PrefetchTrials:
 
     def _start(self, size: int) -> None:
         self.on = False
-        self._trial = {"size": size, "settle": self.settle_steps, "ms": {False: [], True: []}}
+        self._trial = {"size": size, "settle": self.settle_steps, "other": 0,
+                       "ms": {False: [], True: []}}  # fmt: skip

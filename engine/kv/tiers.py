@@ -251,6 +251,7 @@ class TieredKV:
         self.forecast = None
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
         self._recall_mark: torch.Tensor | None = None  # count_recall's scratch (zeros)
+        self._recall_marks_old: list = []  # earlier, smaller ones (captured graphs use them)
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event | None] = {}
@@ -412,6 +413,8 @@ class TieredKV:
         if predicted is not None and not sp.forecast_only:  # recall@k (after the prefetch's wait)
             M = block_tables.shape[1]
             if self._recall_mark is None or self._recall_mark.numel() < B * Hkv * M:
+                # (a graph captured with the old scratch still writes it: keep it alive)
+                self._recall_marks_old.append(self._recall_mark)
                 self._recall_mark = torch.zeros(B * Hkv * M, dtype=torch.int8, device=q.device)
             count_recall(pages, valid, predicted[2], predicted[3], M, self._acc,
                          _C["recall_hits"], _C["recall_total"], self.recall_by_layer, layer,
@@ -516,7 +519,9 @@ class TieredKV:
                 # pages drawn at random, the H200 bench's fetched 11x (runbook 25)
                 seen = self._synthetic_prev(layer, B, seen=True)[..., :M].repeat_interleave(T, 0)
                 want = sp.synthetic_recurring * 0.15 * budgets.float()[:, None, None]
-                p = (want / seen.sum(-1, keepdim=True).clamp(min=1)).clamp(max=1)
+                # (over the seen pages outside query 0's selection, which most of it is in)
+                free = seen.sum(-1, keepdim=True) - budgets[:, None, None]
+                p = (want / free.clamp(min=1)).clamp(max=1)
                 boost = seen & later & (torch.rand(scores.shape, device=dev) < p)
                 scores = scores + boost.float()
         else:

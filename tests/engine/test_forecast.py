@@ -316,7 +316,9 @@ def test_synthetic_verifications_redraw_pages_read_earlier(recurring):
     share = (later_only & seen).sum() / later_only.sum()
     assert later_only.sum() > 20
     if recurring:
-        assert share > 0.6, share  # (measured 0.74; without the later queries' draw: 0.36)
+        # (measured 0.92: 0.86 drawn from them, and some fresh draws land there too;
+        # without the later queries' draw: 0.36)
+        assert share > 0.75, share
     else:
         assert share < 0.5, share  # fresh draws: about the seen pages' 30%
     # the next step follows the last query: its pages are now the previous selection

@@ -41,7 +41,20 @@ def test_steps_of_the_old_mode_and_other_batches_do_not_count():
     t.observe(None, False, 1)  # not timed: ignored
     assert t._trial["ms"] == {False: [], True: []}
     t.observe(10.0, False, 1)
-    t.observe(10.0, False, 4)  # another batch size: a new trial
+    t.observe(99.0, False, 4)  # another batch size: skipped
+    assert t._trial["size"] == 1 and t._trial["ms"][False] == [10.0]
+    for _ in range(8):  # ... until the trial's size stops coming: a new trial at this one
+        t.observe(99.0, False, 4)
     assert t._trial["size"] == 4 and t._trial["ms"][False] == []
+
+
+def test_alternating_batch_sizes_still_decide():
+    """Sizes that alternate (one request joining and leaving) do not stall the trial."""
+    t = PrefetchTrials(trial_steps=4, settle_steps=1)
+    for i in range(200):
+        size = 1 + i % 2
+        mode = t.on
+        t.observe(10.0 if not mode else 8.0, mode, size)
+    assert t.decisions and t.decisions[0] == (10.0, 8.0)
     with pytest.raises(ValueError):
         PrefetchTrials(trial_steps=0)
