@@ -49,7 +49,8 @@ class LogLine(Static):
 class ContextMeter(Static):
     """ "context T / W tokens · reused R · on GPU G · on host H", plus prefill progress
     (G and H: tokens of KV in each tier, from engine.kv_stats; "—" before the first turn),
-    and, when the last turn speculated, the tokens each verification gave."""
+    and, when the last turn speculated, the tokens each verification gave; with a Forecast,
+    whether it prefetches now."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
@@ -61,6 +62,7 @@ class ContextMeter(Static):
         self.gpu: int | None = None  # tokens of KV on the GPU / on the host (engine.kv_stats)
         self.host: int | None = None
         self.spec: dict | None = None  # the last turn's speculation usage, if any
+        self.prefetch: dict | None = None  # the Forecast prefetch's state, if a forecast runs
 
     def on_mount(self) -> None:
         self.refresh_text()
@@ -73,6 +75,7 @@ class ContextMeter(Static):
         self.reused = usage.get("cached_tokens")
         self.gpu, self.host = usage.get("gpu_tokens"), usage.get("host_tokens")
         self.spec = usage.get("speculation")
+        self.prefetch = usage.get("prefetch")
         self.window = window if window is not None else self.window
         self.prefill = ""
         self.refresh_text()
@@ -98,6 +101,8 @@ class ContextMeter(Static):
         )
         if self.spec:
             text += f" · {self.spec['mean_accepted']:.1f} tokens per verification"
+        if self.prefetch:
+            text += f" · prefetch {'on' if self.prefetch['on'] else 'off'}"
         if self.prefill:
             text += f"  │  {self.prefill}"
         if self.label:

@@ -293,9 +293,10 @@ async def test_meter_shows_tokens_on_the_gpu_and_on_the_host(repo, store):
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
 
-    sparse = Engine.load(
-        None, device="cpu", config=EngineConfig(sparse=SparseConfig(budget_fraction=0.25))
-    )
+    # (a Forecast under the timed policy: these steps need next to nothing from the host,
+    # so it does not prefetch, and the meter says so)
+    cfg = SparseConfig(budget_fraction=0.25, forecast="free", prefetch_policy="timed")
+    sparse = Engine.load(None, device="cpu", config=EngineConfig(sparse=cfg))
     app = AgentApp(repo=str(repo), engine_factory=lambda model: sparse, store=store,
                    params=SamplingParams(max_tokens=8))  # fmt: skip
     async with app.run_test(size=SIZE) as pilot:
@@ -304,10 +305,12 @@ async def test_meter_shows_tokens_on_the_gpu_and_on_the_host(repo, store):
         await submit(pilot, "What does add do?")
         await finish(pilot)
         meter = str(app.screen.query_one(ContextMeter).render())
+        assert meter.endswith(" · prefetch off"), meter
         gpu, host = re.search(r"on GPU ([\d,]+) · on host ([\d,]+)", meter).groups()
         assert int(host.replace(",", "")) > 0 and int(gpu.replace(",", "")) > 0
         usage = store.messages(app.session.id)[-1].timings
         assert usage["selected_pages_per_step"] > 0 and 0 <= usage["fetch_fraction"] <= 1
+        assert usage["prefetch"]["policy"] == "timed" and not usage["prefetch"]["on"]
 
 
 # -- snapshots (deterministic: no model run, fixed store contents) -----------------------
