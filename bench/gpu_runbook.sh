@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (27 is the next session's first)
+#   bash bench/gpu_runbook.sh N    (27 is the next session's first, then 26 again: the timed
+#   policy and the recall scratch changed after it ran)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
