@@ -514,8 +514,8 @@ class TieredKV:
             if sp.synthetic_recurring:
                 # ... and, as a decode step's, about `synthetic_recurring` of the pages that
                 # replace the dropped ones were read at earlier steps: on the real model a
-                # k = 4 verification fetched 4.4x a one-token step, about what its 5 queries
-                # would as 5 steps (bench.verify_union, docs/verify_union.json); with those
+                # k = 4 verification fetched 3.8-4.4x a one-token step, about what its 5
+                # queries would as 5 steps (bench.verify_union, docs/verify_union*.json); with those
                 # pages drawn at random, the H200 bench's fetched 11x (runbook 25)
                 seen = self._synthetic_prev(layer, B, seen=True)[..., :M].repeat_interleave(T, 0)
                 want = sp.synthetic_recurring * 0.15 * budgets.float()[:, None, None]
