@@ -382,7 +382,7 @@ class TieredKV:
         if sp.forecast_only:  # the prediction is the selection: wait for it now
             self._join(layer)
         if sp.forecast_only and predicted is not None:
-            self._group_selection = predicted[2:] + (None,)
+            self._group_selection = predicted + (None,)
         elif layer % sp.layer_group == 0 or self._group_selection is None:
             if T > 1 and not sp.oracle:
                 self._group_selection = self._select_per_query(q, layer, block_tables, kv_lens,
@@ -416,7 +416,7 @@ class TieredKV:
                 # (a graph captured with the old scratch still writes it: keep it alive)
                 self._recall_marks_old.append(self._recall_mark)
                 self._recall_mark = torch.zeros(B * Hkv * M, dtype=torch.int8, device=q.device)
-            count_recall(pages, valid, predicted[2], predicted[3], M, self._acc,
+            count_recall(pages, valid, *predicted, M, self._acc,
                          _C["recall_hits"], _C["recall_total"], self.recall_by_layer, layer,
                          self._recall_mark)  # fmt: skip
         out = sparse_decode_attention(
@@ -705,14 +705,14 @@ class TieredKV:
             self.stage = torch.empty(self.num_slots + 1, 2, self.P, self.D,
                                      dtype=self.slots.dtype, device=self.device)  # fmt: skip
         # one kernel: each missing unit copied once to the stage, at its listing's row
-        at, page_ids = stage_pages(
+        at, _ = stage_pages(
             self.host_units[layer], self.stage, self.stage_of, pages, counts, block_tables,
             kv_lens, self.slot_of[layer] if resident is None else resident, rows,
             self.scratch_unit, self._acc,
             (_C["fetched"], _C["prefetched"], _C["prefetch_waste"]),  # (waste until used)
             max_programs=self.sparse.prefetch_programs,
         )  # fmt: skip
-        self._predicted[layer] = (page_ids, None, pages, counts)  # (ids: -1 past counts)
+        self._predicted[layer] = (pages, counts)
         self._staged[layer] = at
 
     def _ensure_resident(self, layer: int, units: torch.Tensor,
