@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampler import filter_logits
-from engine.spec.lookup import PromptLookup
+from engine.spec.lookup import PromptLookup, TokenHistory
 from engine.spec.ring import RingKV, ring_forward
 
 
@@ -52,9 +52,17 @@ class LookupProposer(Proposer):
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
         self.lookup = PromptLookup(max_ngram, min_ngram)
+        self.histories: dict[int, TokenHistory] = {}
 
     def propose(self, seq, k: int, generator: torch.Generator | None = None) -> Draft:
-        return Draft(self.lookup.propose(seq.token_ids, k))
+        history = self.histories.setdefault(seq.seq_id, TokenHistory())
+        return Draft(self.lookup.propose(history.sync(seq.token_ids), k))
+
+    def release(self, seq_id: int) -> None:
+        self.histories.pop(seq_id, None)
+
+    def memory_bytes(self) -> int:
+        return sum(h.buf.nbytes for h in self.histories.values())
 
 
 class LookupOrSelf(Proposer):
@@ -73,10 +81,11 @@ class LookupOrSelf(Proposer):
         return self.draft.propose(seq, k, generator)
 
     def release(self, seq_id: int) -> None:
+        self.lookup.release(seq_id)
         self.draft.release(seq_id)
 
     def memory_bytes(self) -> int:
-        return self.draft.memory_bytes()
+        return self.lookup.memory_bytes() + self.draft.memory_bytes()
 
 
 class _RingDrafter(Proposer):

@@ -62,6 +62,57 @@ def test_prompt_lookup_continues_the_latest_match():
     assert PromptLookup(min_ngram=2).propose([1, 5, 1], 2) == []  # a 1-gram is too short
 
 
+def _reference_lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """The plain scan the vectorised search replaced: longest suffix first, latest earlier
+    occurrence with a continuation, continuation copied with overlap."""
+    n = len(tokens)
+    for size in range(min(max_ngram, n - 1), min_ngram - 1, -1):
+        for i in range(n - size - 1, -1, -1):
+            if tokens[i : i + size] == tokens[n - size :]:
+                out: list[int] = []
+                for j in range(i + size, i + size + k):
+                    out.append(tokens[j] if j < n else out[j - n])
+                return out
+    return []
+
+
+def test_prompt_lookup_equals_the_plain_scan_on_random_sequences():
+    import random
+
+    from engine.spec.lookup import TokenHistory
+
+    rng = random.Random(0)
+    found = 0
+    for _ in range(400):
+        vocab = rng.choice([2, 3, 5, 20])  # small alphabets repeat n-grams often
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 60))]
+        lo = rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        k = rng.randint(1, 8)
+        want = _reference_lookup(tokens, k, hi, lo)
+        lookup = PromptLookup(max_ngram=hi, min_ngram=lo)
+        assert lookup.propose(tokens, k) == want, (tokens, k, hi, lo)
+        # the same through a history that grows token by token, as a sequence's does
+        history = TokenHistory()
+        for m in range(len(tokens) + 1):
+            history.sync(tokens[:m])
+        assert lookup.propose(history.sync(tokens), k) == want
+        found += bool(want)
+    assert found > 200  # most trials found a match: the comparison is not of empty lists
+
+
+def test_token_history_follows_appends_and_starts_over_on_a_new_list():
+    from engine.spec.lookup import TokenHistory
+
+    h = TokenHistory()
+    assert h.sync([]).tolist() == []
+    assert h.sync([1, 2, 3]).tolist() == [1, 2, 3]
+    big = list(range(5000))
+    assert h.sync([1, 2, 3] + big).tolist() == [1, 2, 3] + big  # grows past its buffer
+    assert h.sync([7, 8]).tolist() == [7, 8]  # shorter: a different sequence
+    assert h.sync([7, 9, 4]).tolist() == [7, 9, 4]  # the last held token changed: start over
+
+
 def test_draft_length_follows_acceptance_and_costs():
     from engine.spec.proposers import AdaptiveLength
 
