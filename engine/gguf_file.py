@@ -118,6 +118,7 @@ def gguf_to_checkpoint(path: str | Path, cache_root: Path | None = None) -> Path
         marker = {"source": str(src.resolve()), "key": key, "format_version": _FORMAT_VERSION}
         _write_json(tmp / _DONE, marker)
         _publish(tmp, final)
+        _remove_dead_conversions(root, final)
     except OSError as e:
         raise ModelLoadError(
             f"cannot write the converted model to {root} ({e.strerror or e})"
@@ -149,6 +150,23 @@ def _remove_stale_tmp(root: Path) -> None:
                 shutil.rmtree(tmp, ignore_errors=True)
         except OSError:
             pass  # another process removed it first
+
+
+def _remove_dead_conversions(root: Path, keep: Path) -> None:
+    """Remove the conversions no file maps to any more: their source is gone, or it changed
+    (a reinstall into a new virtualenv leaves the old copy behind, 640 MB for the default
+    model). A process still using one keeps its open files; nothing else can hit it."""
+    for entry in root.iterdir():
+        if entry == keep or entry.name.startswith(".tmp-"):
+            continue
+        try:
+            marker = json.loads((entry / _DONE).read_text(encoding="utf-8"))
+            source = Path(marker["source"])
+            alive = source.is_file() and _cache_key(source) == marker["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a conversion of ours, or being written: leave it
+        if not alive:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -193,17 +211,26 @@ def _convert(src: Path, out: Path) -> None:
         config = _config(src, metadata, arch, weights)
     except (TypeError, ValueError, ZeroDivisionError) as e:  # metadata of the wrong type
         raise ModelLoadError(f"{src}: bad GGUF metadata ({e})") from e
-    from safetensors.numpy import save_file
-
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _save(weights, out / "model.safetensors", {"format": "pt"})
     del weights
     if q4:
         meta = {"format": "q4", "group_size": str(Q4_GROUP), "weight": "q * scale + zero"}
-        save_file(q4, str(out / Q4_FILE), metadata=meta)
+        _save(q4, out / Q4_FILE, meta)
     del q4
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", _generation_config(metadata))
     _write_tokenizer(src, metadata, out, config["max_position_embeddings"])
+
+
+def _save(tensors: dict[str, np.ndarray], path: Path, metadata: dict[str, str]) -> None:
+    """safetensors' save_file, its write errors (a full disk, say) raised as OSError."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        raise OSError(str(e).removeprefix("Error while serializing: ")) from e
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -87,6 +87,27 @@ def test_missing_model_path(tmp_path):
     assert_one_line_error(proc, "not found", "missing.gguf")
 
 
+@pytest.mark.slow
+def test_model_cache_that_cannot_be_written_is_one_clear_line(small_repo, tmp_path):
+    """The default model's conversion hits a file-size limit (as on a full disk): one line,
+    and no half-written conversion left in the cache."""
+    import resource
+    import signal
+
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    home = tmp_path / "home"
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentctx", "ask", "q", "--repo", str(small_repo)],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
+        env={**os.environ, "AGENTCTX_HOME": str(home)},
+    )  # fmt: skip
+    assert_one_line_error(proc, "cannot write the converted model", "File too large")
+    assert list((home / "cache" / "gguf").iterdir()) == []
+
+
 def test_truncated_gguf(tmp_path):
     half = tmp_path / "half.gguf"
     data = default_model_path().read_bytes()

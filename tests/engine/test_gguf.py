@@ -363,6 +363,30 @@ def test_cache_reuses_and_never_trusts_an_unfinished_dir(tmp_path: Path, tiny_gg
     assert gguf_to_checkpoint(tiny_gguf, cache_root=root) != out
 
 
+def test_conversions_no_file_maps_to_are_removed(tmp_path: Path, tiny_gguf: Path) -> None:
+    """A reinstall (the same model at a new path) or an edited model leaves its old
+    conversion behind; the next conversion removes those, and nothing else."""
+    root = tmp_path / "cache"
+    moved = tmp_path / "old-venv" / "tiny.gguf"
+    moved.parent.mkdir()
+    shutil.copy(tiny_gguf, moved)
+    old = gguf_to_checkpoint(moved, cache_root=root)
+    edited = tmp_path / "edited.gguf"
+    shutil.copy(tiny_gguf, edited)
+    stale = gguf_to_checkpoint(edited, cache_root=root)
+    os.utime(edited, ns=(1, 1))  # an edit: the conversion above no longer matches it
+    live = tmp_path / "other.gguf"
+    shutil.copy(tiny_gguf, live)
+    kept = gguf_to_checkpoint(live, cache_root=root)
+    foreign = root / "notes"  # not a conversion: no marker
+    foreign.mkdir()
+    shutil.rmtree(moved.parent)  # the old virtualenv is gone
+
+    new = gguf_to_checkpoint(tiny_gguf, cache_root=root)
+    assert sorted(p.name for p in root.iterdir()) == sorted([new.name, kept.name, "notes"])
+    assert not old.exists() and not stale.exists()
+
+
 def test_default_cache_root_is_under_cache_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_gguf: Path
 ) -> None:
