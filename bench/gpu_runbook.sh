@@ -259,6 +259,9 @@ case "${1:-1}" in
     # later queries too (engine/kv/tiers.py _select_per_query; on the real model a k = 4
     # verification fetched 4.4x a one-token step, bench.verify_union; the H200 bench's
     # random draws fetched 11x in runbook 25), batch 1 and 8, k = 0, 1, 2, 4 (issue 7).
+    # The table's last two columns: the verification graph's GPU span (CUDA events around
+    # its input copies and replay) against the decode graph step's; wall minus span is the
+    # host's share (the decode graph hides its host work by launching a step ahead).
     # First the verification graphs' check: their inputs now go through numpy into pinned
     # staging (engine/verify_graphs.py fill_verify_staging), not through torch.tensor(lists)
     timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"

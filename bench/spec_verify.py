@@ -116,11 +116,14 @@ def main() -> None:
             engine.step()
         sync()
         t0 = time.perf_counter()
-        steps = 8
+        steps, spans = 8, []
         for _ in range(steps):
             engine.step()
+            spans.append(runner.last_step_gpu_ms)
         sync()
         graph_ms = (time.perf_counter() - t0) * 1000 / steps
+        # the decode graph's GPU span per step (events around its replay), median
+        graph_span = sorted(spans)[len(spans) // 2] if runner.use_graphs else None
         seqs = [r.seq for r in reqs]
         vocab = engine.model_config.vocab_size
         for shared in (True, False) if not args.graphs else (True,):
@@ -132,14 +135,21 @@ def main() -> None:
                 out = SchedulerOutput([ScheduledSeq(s, k + 1, True, draft=d)
                                        for s, d in zip(seqs, drafts, strict=True)], [])  # fmt: skip
 
-                def step(out=out):
+                vspans = []
+
+                def step(out=out, vspans=vspans):
                     tiers.end_step(max(len(s) + (k + 1) - 1 for s in seqs))
+                    replays = runner.verify_replays
                     runner.verify(out)
+                    if runner.verify_replays > replays:  # (a graph ran: its GPU span)
+                        vspans.append(runner.last_verify_gpu_ms)
 
                 step()
                 step()  # warm-up: compile
                 st0 = tiers.stats
+                vspans.clear()
                 wall = wall_ms(step, args.reps)
+                span = sorted(vspans)[len(vspans) // 2] if vspans else None
                 gpu = kernel_ms(step, 3) if args.device == "cuda" else wall_ms(step, 3)
                 st1 = tiers.stats
                 fetched = (st1.fetched - st0.fetched) / (args.reps + 3)
@@ -148,6 +158,8 @@ def main() -> None:
                        "graphs": runner.verify_graphs, "graph_replays": runner.verify_replays,
                        "graph_fallbacks": runner.verify_fallbacks,
                        "wall_ms": wall, "gpu_kernel_ms": gpu, "graph_decode_ms": graph_ms,
+                       # GPU spans (events: kernels and the gaps between them), median
+                       "verify_span_ms": span, "decode_graph_span_ms": graph_span,
                        "fetched_pages_per_step": fetched,
                        "fetched_mb_per_step": fetched * tiers.unit_bytes / 1e6}  # fmt: skip
                 rows.append(row)
@@ -159,13 +171,15 @@ def main() -> None:
     print(f"\ncontext {n}, budget {args.budget:.1%}, prefetch {args.prefetch}; ratios against "
           "one token (k = 0)")  # fmt: skip
     print(f"{'batch':>5} {'k':>2} {'fetch':>9} {'wall ms':>8} {'x':>5} {'GPU ms':>7} {'x':>5} "
-          f"{'MB fetched':>10}  graph step ms")  # fmt: skip
+          f"{'MB fetched':>10}  graph step ms  span ms  x decode span")  # fmt: skip
     for r in rows:
         b = base[(r["batch"], r["shared_fetch"])]
         print(f"{r['batch']:>5} {r['k']:>2} {'union' if r['shared_fetch'] else 'per-query':>9} "
               f"{r['wall_ms']:8.2f} {r['wall_ms'] / b['wall_ms']:5.2f} {r['gpu_kernel_ms']:7.2f} "
               f"{r['gpu_kernel_ms'] / b['gpu_kernel_ms']:5.2f} {r['fetched_mb_per_step']:10.1f}"
-              f"  {r['graph_decode_ms']:.2f}")  # fmt: skip
+              f"  {r['graph_decode_ms']:13.2f}", end="")  # fmt: skip
+        span, dspan = r["verify_span_ms"], r["decode_graph_span_ms"]
+        print(f"  {span:7.2f}  {span / dspan:13.2f}" if span and dspan else "")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

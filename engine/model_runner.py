@@ -78,6 +78,10 @@ class ModelRunner(VerifyGraphs):
         self.vgraph_tally: dict[tuple[int, int, int], list[int]] = {}
         self.vgraph_off: set[tuple[int, int, int]] = set()
         self.verify_replays = self.verify_fallbacks = 0
+        # GPU spans (CUDA events; kernels and the gaps between them) of the last decode
+        # graph step and the last verification graph replay, for benchmarks
+        self.verify_span: tuple | None = None
+        self.last_step_gpu_ms = self.last_verify_gpu_ms = 0.0
         if self.use_graphs:
             self.capture_graphs()
 
@@ -164,9 +168,10 @@ class ModelRunner(VerifyGraphs):
         turn, seq_ids, prefetched = handle
         self.token_events[turn].synchronize()
         tokens = self.token_host[turn][: len(seq_ids)].tolist()
+        start, end = self.step_events[turn]
+        self.last_step_gpu_ms = start.elapsed_time(end)
         if self.tiers is not None:
-            start, end = self.step_events[turn]
-            self.tiers.policy_update(turn, start.elapsed_time(end), prefetched, len(seq_ids))
+            self.tiers.policy_update(turn, self.last_step_gpu_ms, prefetched, len(seq_ids))
         return dict(zip(seq_ids, tokens, strict=True))
 
     @torch.inference_mode()

@@ -140,9 +140,12 @@ class VerifyGraphs:
             self.vstage[T] = (torch.zeros(4 * n * T, dtype=torch.long).pin_memory(),
                               torch.zeros(n + n * self.max_pages, dtype=torch.int32).pin_memory())  # fmt: skip
         longs, ints = self.vstage[T]
+        if self.verify_span is None:
+            self.verify_span = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
         fill_verify_staging(longs.numpy(), ints.numpy(), n, T, self.max_pages,
                             self.scratch_page, ids, positions, pages, offsets, kv_lens,
                             page_lists)  # fmt: skip
+        self.verify_span[0].record()  # the step's GPU span: its input copies and replay
         for i, name in enumerate(_LONG_FIELDS):
             b[name][:rows].copy_(longs[i * n * T : i * n * T + rows], non_blocking=True)
         b["kv_lens"][:bs].copy_(ints[:bs], non_blocking=True)
@@ -151,6 +154,7 @@ class VerifyGraphs:
         tiers = self.tiers
         saved = tiers._acc.clone(), tiers.recall_by_layer.clone(), tiers.clock.clone()
         self.vgraphs[key].replay()
+        self.verify_span[1].record()
         # (this read waits for the replay, and so for the staging's copies before it)
         if int(tiers.verify_overflow):  # a union did not fit: verify eagerly, counted once
             tiers._acc.copy_(saved[0])
@@ -161,4 +165,5 @@ class VerifyGraphs:
             return None
         self.verify_replays += 1
         tally[0] += 1
+        self.last_verify_gpu_ms = self.verify_span[0].elapsed_time(self.verify_span[1])
         return self.vgraph_logits[key][:rows]
