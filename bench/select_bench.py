@@ -1,12 +1,16 @@
 """Top-k page selection on the GPU: the radix-histogram kernel, the bisection kernel (one bit
 per round, int64 keys), the probe kernels (1, 2 or 4 bits per round, int32 keys) and
-torch.topk + sort, on score rows like the engine's (8 KV heads x batch, 32K / 128K / 500K
+the split select (each row over programs of 1,024 pages), and torch.topk + sort, on
+score rows like the engine's (8 KV heads x batch, 32K / 128K / 500K
 tokens in 16-token pages, 2% and 0.2% budgets), for two score spreads: standard normal
 (spread exponents) and uniform in [0, 2) (one magnitude: the synthetic selections of the
 benchmarks, and Quest bounds of one layer are alike). All give the same pages.
 
 python3 -m bench.select_bench [--contexts 32768 131072 500000] [--budgets 0.02 0.002]
-    [--methods radix bisect probe1 probe2 probe4 torch] [--json out.json]
+    [--methods radix bisect probe1 probe2 probe4 hist split torch] [--eager] [--json out.json]
+
+Times are of CUDA-graph replays (10 calls per graph), as decode steps run the selection;
+--eager times eager calls.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 
 import torch
 
-METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "hist", "torch")
+METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "hist", "split", "torch")
 
 
 def main() -> None:
@@ -24,11 +28,14 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 500000])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.002])
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--eager", action="store_true",
+                    help="time eager calls (Python's launch rate included), not CUDA-graph "
+                    "replays as decode steps run them")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     import triton.testing
 
-    from kernels.page_score import _MAX_PAGES, select_pages
+    from kernels.page_score import _MAX_PAGES, graph_of, select_pages
 
     rows = []
     for context in args.contexts:
@@ -58,9 +65,16 @@ def main() -> None:
                         same = torch.equal(out[1], ref[1]) and (
                             m == "torch" or torch.equal(out[0], ref[0])
                         )
-                        row[f"{m}_ms"] = triton.testing.do_bench(
-                            lambda m=m: select_pages(s, lens, 16, budget, width=budget, method=m)
-                        )
+
+                        def call(m=m):
+                            return select_pages(s, lens, 16, budget, width=budget, method=m)
+
+                        graph = None if args.eager else graph_of(call, reps=10)
+                        if graph is None:
+                            row[f"{m}_ms"] = triton.testing.do_bench(call)
+                        else:
+                            row[f"{m}_ms"] = triton.testing.do_bench(graph.replay) / 10
+                        row[f"{m}_timed"] = "eager" if graph is None else "graph"
                         row[f"{m}_same"] = same
                     rows.append(row)
                     print(json.dumps(row), flush=True)

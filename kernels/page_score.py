@@ -365,6 +365,109 @@ if HAS_TRITON:
                    WIDTH, WIDTH_P2, TAIL)  # fmt: skip
 
     @triton.jit
+    def _split_threshold(HIST, k, ROUNDS: tl.constexpr):
+        """The k-th largest unsigned key's leading ROUNDS bytes (`prefix`) and how many keys
+        lie above them (`n_greater`), from a row's global histograms of rounds 0..ROUNDS-1
+        (the hist kernel's rule, with the histograms of every chunk added up)."""
+        bins = tl.arange(0, 256)
+        n_greater = tl.zeros([], tl.int32)
+        prefix = tl.zeros([], tl.uint32)
+        for r in tl.static_range(ROUNDS):
+            hist = tl.load(HIST + r * 256 + bins)
+            at_least = n_greater + tl.cumsum(hist, 0, reverse=True)
+            best = tl.max(tl.where(at_least >= k, bins, 0), 0)
+            n_greater += tl.sum(tl.where(bins > best, hist, 0), 0)
+            prefix = (prefix << 8) | best.to(tl.uint32)
+        return prefix, n_greater
+
+    @triton.jit
+    def _split_chunk(S, LENS, BUDGETS, budget, s_sb, s_sh, HKV: tl.constexpr, P: tl.constexpr,
+                     SINKS: tl.constexpr, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
+                     HAS_BUDGETS: tl.constexpr):  # fmt: skip
+        """A split-select program's chunk: (row, sequence, KV head, k, pages, their valid
+        mask, their unsigned keys). Grid: (chunks, rows)."""
+        bh = tl.program_id(1)
+        b = bh // HKV
+        h = bh % HKV
+        n_pages = tl.cdiv(tl.load(LENS + b), P)
+        if HAS_BUDGETS:
+            budget = tl.minimum(tl.load(BUDGETS + b), budget)
+        p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+        key = _probe_keys(S + b * s_sb + h * s_sh, p, n_pages, SINKS, WINDOW)
+        u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+        return bh, b, h, tl.minimum(budget, n_pages), p, p < n_pages, u
+
+    @triton.jit
+    def _split_hist_kernel(
+        S, LENS, BUDGETS, HIST, budget, s_sb, s_sh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        CHUNK: tl.constexpr, HAS_BUDGETS: tl.constexpr, ROUND: tl.constexpr,
+    ):  # fmt: skip
+        """Round ROUND of the split select: this chunk's 256-bin histogram of byte ROUND of
+        the keys whose higher bytes equal the threshold's so far (every program derives it
+        from the earlier rounds' global histograms), added into the row's HIST[ROUND]."""
+        bh, b, h, k, p, valid, u = _split_chunk(S, LENS, BUDGETS, budget, s_sb, s_sh, HKV, P,
+                                                SINKS, WINDOW, CHUNK, HAS_BUDGETS)  # fmt: skip
+        row_hist = HIST + bh * 1024
+        byte = ((u >> (24 - 8 * ROUND)) & 255).to(tl.int32)
+        if ROUND == 0:
+            hist = tl.histogram(byte, 256, mask=valid)
+        else:
+            prefix, n_greater = _split_threshold(row_hist, k, ROUND)
+            hist = tl.histogram(byte, 256, mask=valid & ((u >> (32 - 8 * ROUND)) == prefix))
+        bins = tl.arange(0, 256)
+        tl.atomic_add(row_hist + ROUND * 256 + bins, hist, mask=hist > 0)
+
+    @triton.jit
+    def _split_count_kernel(
+        S, LENS, BUDGETS, HIST, COUNTS, budget, s_sb, s_sh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        CHUNK: tl.constexpr, HAS_BUDGETS: tl.constexpr,
+    ):  # fmt: skip
+        """Per chunk of a row: its keys above the k-th largest (COUNTS[row, 0, chunk]) and
+        equal to it (COUNTS[row, 1, chunk])."""
+        bh, b, h, k, p, valid, u = _split_chunk(S, LENS, BUDGETS, budget, s_sb, s_sh, HKV, P,
+                                                SINKS, WINDOW, CHUNK, HAS_BUDGETS)  # fmt: skip
+        t, n_greater = _split_threshold(HIST + bh * 1024, k, 4)
+        c, nc = tl.program_id(0), tl.num_programs(0)
+        tl.store(COUNTS + (bh * 2) * nc + c, tl.sum((valid & (u > t)).to(tl.int32), 0))
+        tl.store(COUNTS + (bh * 2 + 1) * nc + c, tl.sum((valid & (u == t)).to(tl.int32), 0))
+
+    @triton.jit
+    def _split_write_kernel(
+        S, LENS, BUDGETS, HIST, COUNTS, OUT, CNT, budget, s_sb, s_sh, s_ob, s_oh,
+        HKV: tl.constexpr, P: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
+        CHUNK: tl.constexpr, HAS_BUDGETS: tl.constexpr, NP: tl.constexpr, WIDTH: tl.constexpr,
+        WIDTH_P2: tl.constexpr,
+    ):  # fmt: skip
+        """The row's selection in page order: every key above the k-th largest, then its
+        ties from the lowest page; each chunk writes its pages after the earlier chunks'.
+        The first chunk writes the count and the zeros past it, up to WIDTH."""
+        bh, b, h, k, p, valid, u = _split_chunk(S, LENS, BUDGETS, budget, s_sb, s_sh, HKV, P,
+                                                SINKS, WINDOW, CHUNK, HAS_BUDGETS)  # fmt: skip
+        t, n_greater = _split_threshold(HIST + bh * 1024, k, 4)
+        ties_wanted = k - n_greater
+        c, nc = tl.program_id(0), tl.num_programs(0)
+        j = tl.arange(0, NP)
+        above = tl.load(COUNTS + (bh * 2) * nc + j, mask=j < nc, other=0)
+        ties = tl.load(COUNTS + (bh * 2 + 1) * nc + j, mask=j < nc, other=0)
+        ties_before = tl.cumsum(ties, 0) - ties
+        taken = above + tl.minimum(tl.maximum(ties_wanted - ties_before, 0), ties)
+        base = tl.sum(tl.where(j < c, taken, 0), 0)
+        tie_base = tl.sum(tl.where(j < c, ties, 0), 0)
+        tie = valid & (u == t)
+        tie_rank = tie_base + tl.cumsum(tie.to(tl.int32), 0) - 1
+        chosen = (valid & (u > t)) | (tie & (tie_rank < ties_wanted))
+        pos = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
+        out = OUT + b * s_ob + h * s_oh
+        tl.store(out + pos, p, mask=chosen & (pos < WIDTH))
+        if c == 0:
+            written = tl.sum(taken, 0)
+            tl.store(CNT + bh, written)
+            w = tl.arange(0, WIDTH_P2)
+            tl.store(out + w, tl.zeros([WIDTH_P2], tl.int32), mask=(w >= written) & (w < WIDTH))
+
+    @triton.jit
     def _sort_key(row, p, n_pages, SINKS: tl.constexpr, WINDOW: tl.constexpr):
         x = tl.load(row + p, mask=p < n_pages, other=0.0)
         bits = x.to(tl.int32, bitcast=True)
@@ -605,7 +708,8 @@ def select_pages(
     lowest pages first). `budgets` [B] int (optional, each at most `budget`): each
     sequence's own budget (from its own length: a sequence selects the same pages whatever
     else is in its batch, and each query of a verification as if decoded alone).
-    `method`: "radix", "bisect", "probe1"/"probe2"/"probe4" or "hist" (the Triton kernels; same
+    `method`: "radix", "bisect", "probe1"/"probe2"/"probe4", "hist" or "split" (each row over
+    programs of SPLIT_CHUNK pages: a row's select on one SM took 137 us at 500K) (the Triton kernels; same
     output, ties to the lowest pages) or "torch"; None on a GPU: the fastest for this shape,
     timed once per shape outside CUDA-graph capture (their speeds depend on the scores'
     spread and the row count, so no fixed rule holds: docs/benchmarks.md)."""
@@ -626,6 +730,7 @@ def select_pages(
 
 
 _METHODS: dict[tuple, str] = {}  # (rows, pages, budget, width) -> the fastest select method
+SPLIT_CHUNK = 1024  # pages per program of the "split" select
 # the kernels that hold a whole row in registers: the longest row each takes
 _MAX_PAGES = {"bisect": 16384, "probe1": 32768, "probe2": 32768, "probe4": 32768, "hist": 32768}
 
@@ -638,6 +743,7 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
         return _METHODS[key]
     candidates = ["torch"] + [m for m, most in _MAX_PAGES.items() if most >= M]
     candidates += ["radix"] if M > 16384 else []  # (below, never the fastest: select_bench)
+    candidates += ["split"]
     if not scores.is_cuda or torch.cuda.is_current_stream_capturing():
         return "radix" if M <= 16384 else "torch"
     args = (scores, kv_lens, page_size, budget, sink_pages, window_pages)
@@ -649,19 +755,40 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
             continue
         built.append(m)
     # each method's best of three interleaved rounds: one round's noise (other work on the
-    # GPU at the first call) once picked the bisection at 1.6x the probe kernel's time
+    # GPU at the first call) once picked the bisection at 1.6x the probe kernel's time.
+    # Timed in CUDA graphs, as decode steps run them: eagerly, the split select's 7
+    # launches would be timed at Python's launch rate, not the GPU's
+    graphs = {m: graph_of(lambda m=m: select_pages(*args, width=width, method=m,
+                                                   budgets=budgets), reps=5)
+              for m in built}  # fmt: skip
     times = dict.fromkeys(built, float("inf"))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
         for m in built:
             start.record()
-            for _ in range(5):
-                select_pages(*args, width=width, method=m, budgets=budgets)
+            if graphs[m] is not None:
+                graphs[m].replay()
+            else:
+                for _ in range(5):
+                    select_pages(*args, width=width, method=m, budgets=budgets)
             end.record()
             end.synchronize()
             times[m] = min(times[m], start.elapsed_time(end))
     _METHODS[key] = min(times, key=times.get)
     return _METHODS[key]
+
+
+def graph_of(fn, reps: int = 1):
+    """`reps` calls of fn captured in one CUDA graph (to replay), or None where capture
+    fails (a torch op that syncs, say)."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        return graph
+    except RuntimeError:
+        return None
 
 
 def _head_and_tail(M: int) -> tuple[int, int]:
@@ -684,6 +811,25 @@ def _select_triton(scores, kv_lens, page_size, budget, sink_pages, window_pages,
     counts = torch.empty(B, Hkv, dtype=torch.int32, device=scores.device)
     has = budgets is not None
     bud = budgets.to(torch.int32).contiguous() if has else counts
+    if method == "split":
+        nc = triton.cdiv(M, SPLIT_CHUNK)
+        rows = B * Hkv
+        hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=scores.device)
+        part = torch.empty(rows, 2, nc, dtype=torch.int32, device=scores.device)
+        args = (scores, kv_lens, bud)
+        common = dict(HKV=Hkv, P=page_size, SINKS=sink_pages, WINDOW=window_pages,
+                      CHUNK=SPLIT_CHUNK, HAS_BUDGETS=has)  # fmt: skip
+        strides = (scores.stride(0), scores.stride(1))
+        for r in range(4):
+            _split_hist_kernel[(nc, rows)](*args, hist, min(budget, M), *strides, ROUND=r,
+                                           **common)  # fmt: skip
+        _split_count_kernel[(nc, rows)](*args, hist, part, min(budget, M), *strides, **common)
+        _split_write_kernel[(nc, rows)](
+            *args, hist, part, pages, counts, min(budget, M), *strides, pages.stride(0),
+            pages.stride(1), NP=max(16, triton.next_power_of_2(nc)), WIDTH=width,
+            WIDTH_P2=triton.next_power_of_2(width), **common,
+        )  # fmt: skip
+        return pages, counts
     if method.startswith("probe") or method == "hist":
         block, tail = _head_and_tail(M)
         kernel, extra = _select_hist_kernel, {}

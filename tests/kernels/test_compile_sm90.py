@@ -25,7 +25,8 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.page_score import _recall_kernel, _select_hist_kernel, _select_probe_kernel
+from kernels.page_score import (_recall_kernel, _select_hist_kernel, _select_probe_kernel,
+                                _split_count_kernel, _split_hist_kernel, _split_write_kernel)
 from kernels.uva_gather import NOT_STAGED, _gather_kernel, _stage_kernel
 
 def build(fn, sig, consts, warps):
@@ -52,6 +53,18 @@ for block, tail in ((8192, 16), (16384, 16384), (32768, 0)):
               "BLOCK": block, "TAIL": tail, "HAS_BUDGETS": True}
     out[f"hist/{block}+{tail}"] = build(_select_hist_kernel, select_sig, consts,
                                         min(32, block // 512))
+split = {"HKV": 8, "P": 16, "SINKS": 1, "WINDOW": 2, "CHUNK": 1024, "HAS_BUDGETS": True}
+base = {"S": "*fp32", "LENS": "*i32", "BUDGETS": "*i32", "HIST": "*i32"}
+strides = {"s_sb": "i32", "s_sh": "i32"}
+for r in (0, 3):
+    out[f"split/hist{r}"] = build(_split_hist_kernel, base | {"budget": "i32"} | strides,
+                                  split | {"ROUND": r}, 4)
+out["split/count"] = build(_split_count_kernel, base | {"COUNTS": "*i32", "budget": "i32"}
+                           | strides, split, 4)
+out["split/write"] = build(_split_write_kernel, base | {"COUNTS": "*i32", "OUT": "*i32",
+                           "CNT": "*i32", "budget": "i32"} | strides
+                           | {"s_ob": "i32", "s_oh": "i32"},
+                           split | {"NP": 32, "WIDTH": 625, "WIDTH_P2": 1024}, 4)
 recall_sig = {"EXACT": "*i64", "VALID": "*u8", "PRED": "*i64", "PRED_COUNTS": "*i32",
               "MARK": "*i8", "ACC": "*i64", "BY_LAYER": "*i64", "W1": "i32", "W2": "i32",
               "n_pages": "i32", "c_hits": "i32", "c_total": "i32", "layer": "i32"}

@@ -103,7 +103,9 @@ def test_stochastic_tail_adds_distinct_unselected_pages():
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4", "hist"])
+@pytest.mark.parametrize(
+    "method", ["radix", "bisect", "probe1", "probe2", "probe4", "hist", "split"]
+)
 @pytest.mark.parametrize("M, budget, width", [(40, 6, 6), (300, 17, 20), (5000, 100, 100)])
 def test_select_kernel_matches_reference(M, budget, width, method):
     """Triton top-k selection (radix histograms, or bisection with the row in registers, one
@@ -130,7 +132,9 @@ def test_select_kernel_matches_reference(M, budget, width, method):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["radix", "bisect", "probe1", "probe2", "probe4", "hist"])
+@pytest.mark.parametrize(
+    "method", ["radix", "bisect", "probe1", "probe2", "probe4", "hist", "split"]
+)
 def test_select_kernel_breaks_ties_by_lowest_page(method):
     scores = torch.zeros(1, 2, 30)
     scores[0, 1, 20] = 1.0
@@ -158,7 +162,44 @@ def test_probe_ties_run_across_the_row_tail(method):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["bisect", "probe1", "probe2", "probe4", "hist"])
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_split_select_runs_ties_and_budgets_across_chunks(chunk, monkeypatch):
+    """The split select with small chunks, so that a row spans many programs: ties taken
+    lowest first across chunk boundaries, rows of other lengths and budgets in the batch,
+    the same pages as the reference."""
+    from kernels import page_score
+
+    monkeypatch.setattr(page_score, "SPLIT_CHUNK", chunk)
+    g = torch.Generator().manual_seed(chunk)
+    B, Hkv, M, P = 3, 2, 300, 16
+    lens = torch.tensor([M * P, 130 * P - 3, 20 * P], dtype=torch.int32)
+    scores = torch.randint(0, 4, (B, Hkv, M), generator=g).float()  # many ties
+    n_pages = (lens + P - 1) // P
+    scores[torch.arange(M)[None, None, :] >= n_pages[:, None, None].expand(B, Hkv, M)] = float(
+        "-inf"
+    )
+    for budget, budgets in ((40, None), (90, torch.tensor([90, 17, 90], dtype=torch.int32))):
+        args = (scores.to(DEVICE), lens.to(DEVICE), P, budget)
+        b = None if budgets is None else budgets.to(DEVICE)
+        got, got_n = select_pages(*args, width=budget + 3, use_triton=True, method="split",
+                                  budgets=b)  # fmt: skip
+        # the reference's torch.topk orders ties arbitrarily: the rule (the lowest pages
+        # first) checked directly
+        for i in range(B):
+            for h in range(Hkv):
+                n = int(n_pages[i])
+                k = min(budget if budgets is None else int(budgets[i]), n)
+                s = scores[i, h, :n].clone()
+                s[:1] = float("inf")
+                s[n - 2 :] = float("inf")
+                order = sorted(range(n), key=lambda p, s=s: (-float(s[p]), p))[:k]
+                assert int(got_n[i, h]) == k
+                row = got[i, h].cpu().tolist()
+                assert row[:k] == sorted(order) and row[k:] == [0] * (budget + 3 - k)
+
+
+@needs_triton
+@pytest.mark.parametrize("method", ["bisect", "probe1", "probe2", "probe4", "hist", "split"])
 def test_select_kernel_orders_extreme_scores(method):
     """Keys across the whole float range (huge and tiny magnitudes of both signs, zeros):
     the k-th largest key lands exactly, whatever its bits. (Distinct values: torch.topk,
