@@ -340,9 +340,15 @@ def main() -> None:
                       f"MB/token")  # fmt: skip
         print(f"{r['mode']:>30} {r['variant']:>14}{pf}  prefill {r['prefill_s']:7.2f} s  decode "
               f"{r['decode_tok_s']:8.2f} tok/s{med}{mem}{extra}")  # fmt: skip
+    # the top-k method the engine timed and picked per selection shape (rows, pages,
+    # budget, width): kernels.page_score._fastest_method
+    from kernels.page_score import _METHODS
+
+    picked = {str(k): m for k, m in _METHODS.items()}
+    print(f"select methods picked: {picked}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "rows": rows, "select_methods": picked}, f, indent=1)
 
 
 if __name__ == "__main__":

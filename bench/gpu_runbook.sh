@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (27 is the next session's first, then 26 again: the timed
-#   policy and the recall scratch changed after it ran)
+#   bash bench/gpu_runbook.sh N    (the next session: 27, 28, 29; 28 and 29 replace 26, whose
+#   rows they repeat with the split page selection)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -255,6 +255,25 @@ case "${1:-1}" in
         --skip-prefill-attention \
         --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
     tail -9 "$OUT/e2e_500k.log" ;;
+28) # the "split" page selection (each row over programs of 1,024 pages; the one-program
+    # select took 137 us per layer at 500K in runbook 25's profile, 46 us at 128K in 22):
+    # correctness on the H200, the methods timed in CUDA graphs, then runbook 26's e2e
+    # rows with whatever the engine now picks per shape (the logs end with the picks)
+    timeout 90 python3 -m pytest -q tests/kernels/test_page_score.py -k "select" > "$OUT/kernels.log" 2>&1
+    tail -2 "$OUT/kernels.log"
+    timeout 90 python3 -m bench.select_bench --contexts 131072 500000 --budgets 0.02 \
+        --methods hist probe2 split torch --json "$OUT/select.json" > "$OUT/select.log" 2>&1 || echo "FAILED: $?"
+    tail -9 "$OUT/select.log"
+    timeout 150 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants worst realistic \
+        --prefetch off forecast timed oracle --skip-prefill-attention \
+        --json "$OUT/e2e_128k_prefetch.json" > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -10 "$OUT/e2e_128k.log" ;;
+29) # runbook 28's 500K rows (one call would run past 10 minutes)
+    timeout 400 python3 -m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB \
+        --chunk 16384 --variants worst realistic --prefetch off forecast timed oracle \
+        --skip-prefill-attention \
+        --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -10 "$OUT/e2e_500k.log" ;;
 27) # next session first: batch-8 verification with the recurring draws for a verification's
     # later queries too (engine/kv/tiers.py _select_per_query; on the real model a k = 4
     # verification fetched 4.4x a one-token step, bench.verify_union; the H200 bench's
