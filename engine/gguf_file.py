@@ -42,6 +42,7 @@ _FORMAT_VERSION = 2  # part of the cache key: bump it when the converted output 
 _DONE = "gguf_source.json"  # written last; a directory without it is not a finished conversion
 _EDGE = 1 << 20  # bytes hashed from each end of the file for the cache key
 _CHUNK_BYTES = 4 << 20  # quantized bytes per dequantization call
+_UNUSED_S = 7 * 24 * 3600  # a conversion whose source is gone goes after a week unused
 _STALE_TMP_S = 24 * 3600  # temp dirs older than this are leftovers of a crashed conversion
 # Not "*.safetensors": loader.load_checkpoint_weights loads every file named so.
 Q4_FILE = "model.q4"
@@ -105,6 +106,8 @@ def gguf_to_checkpoint(path: str | Path, cache_root: Path | None = None) -> Path
         raise ModelLoadError(f"{src}: cannot read the file ({e.strerror or e})") from e
     final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', src.stem)[:60]}-{key[:16]}"
     if (final / _DONE).is_file():
+        with contextlib.suppress(OSError):  # in use: see _remove_dead_conversions
+            os.utime(final / _DONE)
         return final
 
     try:
@@ -153,19 +156,26 @@ def _remove_stale_tmp(root: Path) -> None:
 
 
 def _remove_dead_conversions(root: Path, keep: Path) -> None:
-    """Remove the conversions no file maps to any more: their source is gone, or it changed
-    (a reinstall into a new virtualenv leaves the old copy behind, 640 MB for the default
-    model). A process still using one keeps its open files; nothing else can hit it."""
+    """Remove the conversions no file maps to any more: their source file changed (a new
+    conversion of it exists or will), or it is gone and the conversion has not been used
+    for _UNUSED_S (a reinstall into a new virtualenv leaves the old copy behind, 640 MB for
+    the default model; a model on a drive that is not mounted today keeps its copy). A
+    process still using one keeps its open files."""
+    now = time.time()
     for entry in root.iterdir():
         if entry == keep or entry.name.startswith(".tmp-"):
             continue
         try:
-            marker = json.loads((entry / _DONE).read_text(encoding="utf-8"))
+            marker_path = entry / _DONE
+            marker = json.loads(marker_path.read_text(encoding="utf-8"))
             source = Path(marker["source"])
-            alive = source.is_file() and _cache_key(source) == marker["key"]
+            if source.is_file():
+                dead = _cache_key(source) != marker["key"]
+            else:
+                dead = now - marker_path.stat().st_mtime > _UNUSED_S
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a conversion of ours, or being written: leave it
-        if not alive:
+        if dead:
             shutil.rmtree(entry, ignore_errors=True)
 
 

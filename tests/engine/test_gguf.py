@@ -365,7 +365,8 @@ def test_cache_reuses_and_never_trusts_an_unfinished_dir(tmp_path: Path, tiny_gg
 
 def test_conversions_no_file_maps_to_are_removed(tmp_path: Path, tiny_gguf: Path) -> None:
     """A reinstall (the same model at a new path) or an edited model leaves its old
-    conversion behind; the next conversion removes those, and nothing else."""
+    conversion behind; the next conversion removes those (a gone source's copy once unused
+    for a week), and nothing else."""
     root = tmp_path / "cache"
     moved = tmp_path / "old-venv" / "tiny.gguf"
     moved.parent.mkdir()
@@ -380,10 +381,18 @@ def test_conversions_no_file_maps_to_are_removed(tmp_path: Path, tiny_gguf: Path
     kept = gguf_to_checkpoint(live, cache_root=root)
     foreign = root / "notes"  # not a conversion: no marker
     foreign.mkdir()
-    shutil.rmtree(moved.parent)  # the old virtualenv is gone
+    unmounted = tmp_path / "drive" / "tiny.gguf"  # a source gone, its copy used recently
+    unmounted.parent.mkdir()
+    shutil.copy(tiny_gguf, unmounted)
+    recent = gguf_to_checkpoint(unmounted, cache_root=root)
+    shutil.rmtree(unmounted.parent)
+    shutil.rmtree(moved.parent)  # the old virtualenv is gone, its copy unused for 8 days
+    week = time.time() - 8 * 24 * 3600
+    os.utime(old / "gguf_source.json", (week, week))
 
     new = gguf_to_checkpoint(tiny_gguf, cache_root=root)
-    assert sorted(p.name for p in root.iterdir()) == sorted([new.name, kept.name, "notes"])
+    names = sorted(p.name for p in root.iterdir())
+    assert names == sorted([new.name, kept.name, recent.name, "notes"])
     assert not old.exists() and not stale.exists()
 
 
