@@ -40,7 +40,10 @@ class ToolCallRecord:
 
     @property
     def output(self) -> str:
-        return self.result if self.error is None else f"error: {self.error}"
+        if self.error is not None:
+            return f"error: {self.error}"
+        # a call stored before it ran, whose turn was interrupted: no result to show
+        return self.result if self.result is not None else "error: the call did not finish"
 
     def label(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())

@@ -267,6 +267,7 @@ def save_kv(es, session_id: str, output) -> None:
     """Save an engine session's KV as the stored session's snapshot, within the budget."""
     from agentctx import kv_snapshots
     from engine import EngineError
+    from tools.errors import ToolError
 
     if not es.blocks:
         return
@@ -279,8 +280,8 @@ def save_kv(es, session_id: str, output) -> None:
         es.save(path)
         took = time.perf_counter() - start
         removed = kv_snapshots.prune(kv_snapshots.kv_dir(), limit)
-    except (OSError, EngineError, kv_snapshots.BudgetError) as e:
-        output.info(f"KV snapshot not saved: {e}")
+    except (OSError, EngineError, ToolError, kv_snapshots.BudgetError) as e:  # (ToolError:
+        output.info(f"KV snapshot not saved: {e}")  # a bad config file)
         return
     if path in removed:
         output.info("KV snapshot not kept: it alone is over the disk budget (AGENTCTX_KV_BUDGET)")

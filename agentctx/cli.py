@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import sys
 
@@ -19,6 +21,16 @@ class UserError(click.ClickException):
 
     def show(self, file=None) -> None:
         click.echo(f"agentctx: error: {self.message}", err=True)
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (which pass its comparisons)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _store():
@@ -73,6 +85,8 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     from agentctx.tui import run_tui
     from tools.repo_files import resolve_root
 
+    if not repo.strip():
+        raise click.UsageError("--repo takes a path, not an empty string")
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     root = _run(lambda: str(resolve_root(repo)))
     run_tui(repo=root, model=model, config=config)
@@ -107,13 +121,13 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     "--max-tokens", default=400, show_default=True, type=click.IntRange(1), help="Longest answer."
 )
 @click.option(
-    "--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 is greedy."
+    "--temperature", default=0.0, show_default=True, type=FiniteFloat(0), help="0 is greedy."
 )
 @click.option(
     "--repeat-penalty",
     default=1.1,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Above 1 discourages repeating the answer's own tokens (small models loop without it).",
 )
 @click.option(
@@ -156,6 +170,8 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
 
     if cont and session_ref:
         raise click.UsageError("use either --session or -c/--continue, not both")
+    if repo is not None and not repo.strip() or book is not None and not book.strip():
+        raise click.UsageError("--repo and --book take a path, not an empty string")
     if repo and book:
         raise click.UsageError("use either --repo or --book, not both")
     output = JsonOutput() if as_json else TextOutput()
@@ -226,6 +242,9 @@ def _find_session(store, ref: str | None, cont: bool):
     except SessionNotFound:
         if ref.startswith("s-"):
             raise
+        from sessions.store import _check_name
+
+        _check_name(ref)  # (before the model loads: a bad name would lose the answer)
         return None  # a new session will take this name
 
 
@@ -256,6 +275,8 @@ def _run(fn):
 @click.option("-n", "--limit", type=click.IntRange(1), default=None)
 def sessions_list(as_json: bool, limit: int | None) -> None:
     """Sessions, most recent first."""
+    if limit is not None:
+        limit = min(limit, 1 << 62)  # (SQLite's integers are 64-bit)
     rows = _run(lambda: _store().list(limit=limit))
     if as_json:
         click.echo(json.dumps([_session_dict(s) for s in rows], indent=2))
@@ -320,8 +341,13 @@ def sessions_rm(ref: str) -> None:
     from agentctx import kv_snapshots
 
     s = _run(lambda: _store().delete(ref))
-    kv_snapshots.remove(s.id)
     click.echo(f"deleted {s.id}")
+    try:
+        kv_snapshots.remove(s.id)
+    except OSError as e:  # the session is gone; only its snapshot file stays
+        path = kv_snapshots.kv_path(s.id)
+        click.echo(f"agentctx: warning: its KV snapshot {path} was not removed: "
+                   f"{e.strerror or e}", err=True)  # fmt: skip
 
 
 @sessions.command("export")
@@ -349,24 +375,64 @@ def sessions_export(ref: str, path: str | None, with_kv: bool) -> None:
 
         _run(to_stdout)
         return
-    import os
     import tempfile
+
+    target = _export_target(path)
 
     def export():
         store = _store()
         kv = kv_of(store)  # fail before creating any file
-        d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".agentctx-export-")
+        try:
+            mode = os.stat(target).st_mode & 0o7777  # a file replaced keeps its mode
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        try:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agentctx-export-")
+        except OSError as e:
+            raise UserError(f"cannot write {path}: {e.strerror or e}") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fp:
                 export_session(store, ref, fp, kv)
-            os.replace(tmp, path)  # never a half-written file at `path`
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)  # never a half-written file at `path`
+        except OSError as e:
+            os.unlink(tmp)
+            raise UserError(f"cannot write {path}: {e.strerror or e}") from None
         except BaseException:
             os.unlink(tmp)
             raise
 
     _run(export)
     click.echo(f"exported {ref} to {path}", err=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _export_target(path: str) -> str:
+    """Where `sessions export -o PATH` writes: PATH, or the file a symlink there points to.
+    Refused: an empty path, a missing directory, anything but a regular file, and agentctx's
+    own store and KV snapshots (which the export would replace)."""
+    from agentctx import kv_snapshots
+    from sessions.paths import db_path
+
+    if not path.strip():
+        raise UserError("-o: the path is empty")
+    target = os.path.realpath(path)
+    if not os.path.isdir(os.path.dirname(target)):
+        raise UserError(f"cannot write {path}: no directory {os.path.dirname(target)}")
+    if os.path.lexists(target) and not os.path.isfile(target):
+        raise UserError(f"cannot write {path}: not a regular file")
+    store = os.path.realpath(db_path())
+    kv = os.path.realpath(kv_snapshots.kv_dir())
+    if target in (store, *(store + tail for tail in ("-wal", "-shm", "-journal"))) or (
+        os.path.commonpath([target, kv]) == kv
+    ):
+        raise UserError(f"cannot write {path}: it is agentctx's own session store")
+    return target
 
 
 @sessions.command("import")
@@ -405,9 +471,37 @@ def models(as_json: bool) -> None:
         click.echo(f"{m['name']:45s} {m['kind']:10s} {m['path']}")
 
 
+def _not_utf8(args: list[str]) -> str | None:
+    """The first argument that is not valid UTF-8 (Python keeps its bytes as surrogates):
+    the store, the tokenizer and the terminal all take UTF-8 text."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return arg
+    return None
+
+
+def _quiet_stdout() -> None:
+    """After stdout failed (a closed pipe, a full disk): send what is left to /dev/null, so
+    that Python's own flush at exit does not fail again with a traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main() -> None:
+    bad = _not_utf8(sys.argv[1:])
+    if bad is not None:
+        click.echo(f"agentctx: error: argument {os.fsencode(bad)!r} is not valid UTF-8",
+                   err=True)  # fmt: skip
+        sys.exit(2)
     try:
         cli.main(standalone_mode=False)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `agentctx sessions list | head -1`: the reader is gone
+        _quiet_stdout()
+        sys.exit(1)
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -417,4 +511,9 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except OSError as e:  # mostly: writing the output failed (a full disk, a size limit)
+        _quiet_stdout()
+        where = f": {e.filename}" if e.filename else ""
+        click.echo(f"agentctx: error: {e.strerror or e}{where}", err=True)
+        sys.exit(1)
     sys.exit(0)

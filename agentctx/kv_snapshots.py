@@ -25,6 +25,9 @@ class BudgetError(ValueError):
     pass
 
 
+_MAX_SIZE = float(1 << 60)  # no machine has an exbibyte of memory or disk
+
+
 def parse_size(text: str | int) -> int:
     """Bytes from "4GiB", "500 MB", "1e9" or an int."""
     if isinstance(text, int) and not isinstance(text, bool):
@@ -34,7 +37,10 @@ def parse_size(text: str | int) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise BudgetError(f"not a size: {text!r} (use e.g. 4GiB, 500MB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value < _MAX_SIZE:  # (1e999 is inf)
+        raise BudgetError(f"not a size: {text!r} is more than 1 EiB")
+    return int(value)
 
 
 def kv_dir() -> Path:

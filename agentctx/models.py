@@ -23,13 +23,17 @@ def load_config() -> dict:
     path = config_path()
     if not path.is_file():
         return {}
+    from tools.errors import ToolError
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        from tools.errors import ToolError
-
+    except (OSError, ValueError, RecursionError) as e:  # (UnicodeDecodeError: a ValueError)
         raise ToolError(f"cannot read config {path}: {e}") from None
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise ToolError(f"bad config {path}: not a JSON object")
+    if not isinstance(data.get("models", []), list):
+        raise ToolError(f'bad config {path}: "models" must be a list')
+    return data
 
 
 def _hf_cache() -> Path:

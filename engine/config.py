@@ -117,9 +117,12 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
         try:
-            return cls.from_hf(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:  # (UnicodeDecodeError: a ValueError)
             raise ModelLoadError(f"cannot read model config {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise ModelLoadError(f"bad model config {path}: not a JSON object")
+        return cls.from_hf(data)
 
 
 def _arch_from_model_type(model_type: str | None) -> str:

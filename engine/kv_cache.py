@@ -25,6 +25,16 @@ def host_memory_available() -> int | None:
     return None
 
 
+def check_host_memory(nbytes: int) -> None:
+    """CacheFullError when a KV pool of `nbytes` cannot fit in the host memory available."""
+    available = host_memory_available()
+    if available is not None and nbytes > available:
+        raise CacheFullError(
+            f"the KV pool needs {nbytes / 2**30:.1f} GiB of host memory and "
+            f"{available / 2**30:.1f} GiB is available: lower --host-kv-budget"
+        )
+
+
 class KVCache:
     def __init__(
         self,
@@ -42,12 +52,7 @@ class KVCache:
         if pinned:
             device = torch.device("cpu")
         if torch.device(device).type == "cpu":
-            available = host_memory_available()
-            if available is not None and nbytes > available:
-                raise CacheFullError(
-                    f"the KV pool needs {nbytes / 2**30:.1f} GiB of host memory and "
-                    f"{available / 2**30:.1f} GiB is available: lower --host-kv-budget"
-                )
+            check_host_memory(nbytes)
         try:
             self.pool = torch.empty(shape, dtype=dtype, device=device, pin_memory=pinned)
         except (RuntimeError, torch.OutOfMemoryError) as e:

@@ -26,7 +26,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
-from engine.errors import ContextTooLongError, EngineError
+from engine.errors import ContextTooLongError, EngineError, ModelLoadError
 from engine.loader import (
     build_model,
     init_dummy_weights,
@@ -165,7 +165,19 @@ def _cpu_has_amx() -> bool:
 def _pick_device(device: str | torch.device | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ModelLoadError(f"unknown device {device!r} (use cpu, cuda, cuda:N or auto)") from e
+    if dev.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {device!r} is not supported (use cpu, cuda, cuda:N or auto)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch has no CUDA" if torch.version.cuda is None else "no GPU is visible"
+            raise ModelLoadError(f"device {device!r}: {why}; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device!r}: there are {torch.cuda.device_count()} GPUs")
+    return dev
 
 
 def _pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -199,6 +211,21 @@ class Engine:
             self.config.max_model_len or model_config.context_window, model_config.context_window
         )
         num_pages = self._num_pages()
+        if device.type == "cpu" or self.config.sparse is not None:  # the pool is host memory
+            from engine.kv_cache import KVCache, check_host_memory
+
+            # (before the block manager lists its pages: 1e14 bytes took minutes and GiBs)
+            page_bytes = KVCache.bytes_per_page(model_config, self.config.page_size, dtype)
+            check_host_memory(num_pages * page_bytes)
+        else:
+            from engine.errors import CacheFullError
+            from engine.kv_cache import KVCache
+
+            need = num_pages * KVCache.bytes_per_page(model_config, self.config.page_size, dtype)
+            total = torch.cuda.mem_get_info(device)[1]
+            if need > total:
+                raise CacheFullError(f"the KV pool needs {need / 2**30:.1f} GiB and the GPU has "
+                                     f"{total / 2**30:.1f} GiB: lower --host-kv-budget")  # fmt: skip
         self.block_manager = BlockManager(
             num_pages, self.config.page_size, self.config.enable_prefix_caching
         )
@@ -270,6 +297,23 @@ class Engine:
             # the int4 mode is approximate already; its prefill attention runs in bf16 (AMX)
             engine.runner.prefill_attn_dtype = torch.bfloat16
         return engine
+
+    def _check_gpu_tier(self, length: int) -> None:
+        """CacheFullError now, not mid-answer, when the GPU tier cannot hold one decode
+        step's selection of a sequence of `length` tokens."""
+        tiers = self.runner.tiers
+        if tiers is None:
+            return
+        P = self.config.page_size
+        need = self.model_config.num_kv_heads * tiers.sparse.budget_pages(-(-length // P), P)
+        if need > tiers.num_slots:
+            from engine.errors import CacheFullError
+
+            raise CacheFullError(
+                f"the GPU KV budget holds {tiers.num_slots} pages per layer, fewer than the "
+                f"{need} a step of this {length:,}-token sequence selects: raise "
+                "--gpu-kv-budget or lower the sparse budget"
+            )
 
     def _num_pages(self) -> int:
         cfg, P = self.config, self.config.page_size
@@ -346,6 +390,7 @@ class Engine:
         room = self.max_model_len - len(ids)
         if params.max_tokens > room:
             params = dataclasses.replace(params, max_tokens=room)
+        self._check_gpu_tier(len(ids) + params.max_tokens)
         seq = Sequence(ids, params)
         if prefix is not None:
             seq.prefix_blocks, seq.prefix_hashes = list(prefix[0]), list(prefix[1])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
 
 
 @dataclass(slots=True)
@@ -19,6 +22,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
@@ -34,7 +40,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # below GREEDY_BELOW, logits / temperature overflow float32 (inf, then NaN
+        # probabilities), and the distribution is the argmax's to float precision anyway
+        return self.temperature < GREEDY_BELOW
 
     @property
     def plain_greedy(self) -> bool:

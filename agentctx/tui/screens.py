@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
+from agentctx.agent import ToolCallRecord
 from agentctx.tui.state import question_of
 from agentctx.tui.widgets import (
     AssistantMessage,
@@ -129,7 +130,7 @@ class ChatScreen(Screen):
                 if m.content or not tool_calls.get(m.id):
                     self._append(AssistantMessage(m.content, m.status))
                 for t in tool_calls.get(m.id, []):
-                    output = t.result if t.error is None else f"error: {t.error}"
+                    output = ToolCallRecord(t.name, t.arguments, t.result, t.error).output
                     self.add_tool_call(
                         _label(t.name, t.arguments), output or "", t.error is not None
                     )

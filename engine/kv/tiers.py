@@ -130,6 +130,8 @@ class SparseConfig:
     def __post_init__(self) -> None:
         if self.budget_tokens is None and self.budget_fraction is None:
             raise ValueError("set budget_tokens or budget_fraction")
+        if self.budget_tokens is not None and not 0 < self.budget_tokens <= 1 << 40:
+            raise ValueError(f"budget_tokens must be in [1, 2^40], got {self.budget_tokens}")
         if self.budget_fraction is not None and not 0 < self.budget_fraction <= 1:
             raise ValueError(f"budget_fraction must be in (0, 1], got {self.budget_fraction}")
         if self.summary not in ("quest", "mean"):

@@ -253,3 +253,19 @@ def test_tool_steps_are_stored_and_come_back_as_the_same_prompt(tokenizer_path, 
     run_turn(engine, follow_up, SamplingParams(), Recorder(), str(repo))
     assert engine.prompt_text(3).startswith(engine.prompt_text(2))
     assert engine.prompt_text(3).count("<tool_response>") == 2
+
+
+def test_a_tool_call_stored_before_it_ran_renders_as_unfinished(tokenizer_path, tmp_path):
+    """A turn interrupted between storing a call and its result: the follow-up's prompt
+    renders (a None content once broke the chat template) and says the call did not finish."""
+    with SessionStore(tmp_path / "s.db") as store:
+        s = store.create(str(tmp_path), "repo", "default")
+        store.add_message(s.id, "user", "What is in README.md?")
+        m = store.add_message(s.id, "assistant", call("read_file", path="README.md"))
+        store.add_tool_call(s.id, "read_file", {"path": "README.md"}, message_id=m.id)
+        history = history_messages(store, s.id)
+    assert history[-1] == {"role": "tool", "name": "read_file",
+                           "content": "error: the call did not finish"}  # fmt: skip
+    engine = scripted(tokenizer_path, ["ok"])
+    text = engine.tokenizer.decode(engine.chat_tokens(history + [{"role": "user", "content": "?"}]))
+    assert "error: the call did not finish" in text

@@ -229,3 +229,86 @@ def test_draft_model_that_does_not_exist_is_one_clear_line(small_repo):
 def test_host_kv_budget_beyond_memory_is_one_clear_line(small_repo):
     result = agentctx("ask", "hi", "--repo", str(small_repo), "--host-kv-budget", "9000GiB")
     assert_one_line_error(result, "host memory", "lower --host-kv-budget")
+
+
+def test_arguments_that_are_not_utf8_are_usage_errors(tmp_path):
+    bad = os.fsdecode(b"caf\xe9")  # as Python passes such bytes from argv
+    for args in (("ask", bad), ("sessions", "show", bad), ("ask", "q", "--repo", bad)):
+        proc = agentctx(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip() == "agentctx: error: argument b'caf\\xe9' is not valid UTF-8"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--temperature", "nan"),
+        ("--temperature", "inf"),
+        ("--repeat-penalty", "nan"),
+        ("--sparse", "0"),
+        ("--sparse", "-5"),
+        ("--sparse", "99999999999999999999999"),
+        ("--host-kv-budget", "1e999"),
+        ("--repo", ""),
+    ],
+)
+def test_out_of_range_numbers_are_usage_errors(args):
+    proc = agentctx("ask", "q", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("device, needle", [("tpu", "unknown device"), ("meta", "not supported")])
+def test_bad_device_is_one_clear_line(small_repo, device, needle):
+    proc = agentctx("ask", "q", "--repo", str(small_repo), "--no-save", "--device", device)
+    assert_one_line_error(proc, needle)
+
+
+def test_host_kv_budget_beyond_memory_fails_fast(small_repo):
+    # 1e14 bytes: the pool's size is checked before anything lists its pages (this took
+    # minutes and GiBs of memory)
+    proc = agentctx("ask", "q", "--repo", str(small_repo), "--no-save", "--host-kv-budget",
+                    "1e14", timeout=60)  # fmt: skip
+    assert_one_line_error(proc, "lower --host-kv-budget")
+
+
+def test_gpu_tier_too_small_for_the_question_fails_before_answering(small_repo):
+    proc = agentctx("ask", "What does add do?", "--repo", str(small_repo), "--no-save",
+                    "--sparse", "2%", "--gpu-kv-budget", "1")  # fmt: skip
+    assert_one_line_error(proc, "GPU KV budget holds 1 pages")
+    assert proc.stdout == ""  # nothing of an answer was printed
+
+
+def test_output_that_cannot_be_written_is_one_clear_line():
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "agentctx", "models"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "agentctx: error: No space left on device"
+    read, write = os.pipe()
+    os.close(read)  # a reader that is gone: `agentctx models | head -0`
+    proc = subprocess.run([sys.executable, "-m", "agentctx", "models"], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [('{"models": 5}', '"models" must be a list'), ("[1]", "not a JSON object"),
+     ("[" * 100000, "cannot read config"), (b'{"models": \xff}', "cannot read config")],
+)  # fmt: skip
+def test_bad_config_file_is_one_clear_line(tmp_path, text, needle):
+    home = tmp_path / "home"
+    home.mkdir()
+    data = text if isinstance(text, bytes) else text.encode()
+    (home / "config.json").write_bytes(data)
+    proc = agentctx("models", env={"AGENTCTX_HOME": str(home)})
+    assert_one_line_error(proc, needle)
+
+
+def test_checkpoint_config_that_is_not_an_object(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("[1, 2]")
+    proc = agentctx("ask", "q", "--repo", str(tmp_path), "--no-save", "--model", str(ckpt))
+    assert_one_line_error(proc, "not a JSON object")

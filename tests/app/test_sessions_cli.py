@@ -235,3 +235,58 @@ def test_export_with_kv_round_trips_the_snapshot(home, tmp_path):
     # rm deletes the snapshot with the session
     assert agentctx("sessions", "rm", s.id).returncode == 0
     assert not kv.exists()
+
+
+def test_export_never_replaces_the_store_or_a_special_file(home, tmp_path):
+    s = make_session(home)
+    for target, needle in (
+        (home / "sessions.db", "own session store"),
+        (home / "kv" / "x.kv", "own session store"),
+        (tmp_path / "missing" / "x.jsonl", "no directory"),
+    ):
+        (home / "kv").mkdir(exist_ok=True)
+        assert_one_line_error(agentctx("sessions", "export", s.id, "-o", str(target)), needle)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert_one_line_error(
+        agentctx("sessions", "export", s.id, "-o", str(fifo), timeout=30), "not a regular file"
+    )
+    assert fifo.is_fifo()
+    assert_one_line_error(agentctx("sessions", "export", s.id, "-o", ""), "empty")
+    listed = agentctx("sessions", "list")
+    assert listed.returncode == 0 and s.id in listed.stdout  # the store is intact
+
+
+def test_export_through_a_symlink_writes_its_target(home, tmp_path):
+    s = make_session(home)
+    real = tmp_path / "real.jsonl"
+    real.write_text("old\n")
+    real.chmod(0o644)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    proc = agentctx("sessions", "export", s.id, "-o", str(link))
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and real.read_text().startswith('{"format": "agentctx-session"')
+    assert real.stat().st_mode & 0o777 == 0o644  # the file replaced keeps its mode
+
+
+def test_rm_whose_snapshot_cannot_be_removed_still_deletes(home):
+    s = make_session(home)
+    (home / "kv" / f"{s.id}.kv").mkdir(parents=True)  # not a file: unlink fails
+    proc = agentctx("sessions", "rm", s.id)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert f"deleted {s.id}" in proc.stdout and "warning" in proc.stderr
+    assert s.id not in agentctx("sessions", "list").stdout
+
+
+def test_list_with_a_huge_limit(home):
+    s = make_session(home)
+    proc = agentctx("sessions", "list", "-n", "99999999999999999999999")
+    assert proc.returncode == 0 and s.id in proc.stdout, proc.stderr
+
+
+def test_bad_new_session_name_fails_before_the_model_loads(home, repo):
+    for name in (" padded", "", "a\nb"):
+        proc = agentctx("ask", "What does greet do?", "--repo", str(repo), "--session", name)
+        assert_one_line_error(proc, "bad session name")
+        assert "loading model" not in proc.stderr

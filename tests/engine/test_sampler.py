@@ -34,3 +34,19 @@ def test_seeded_sampling_repeats():
     params = [SamplingParams(temperature=1.0, seed=3)]
     draw = lambda: sample(logits, params, [torch.Generator().manual_seed(3)])  # noqa: E731
     assert draw() == draw()
+
+
+def test_non_finite_parameters_are_refused_and_tiny_temperatures_are_greedy():
+    import math
+
+    import pytest
+
+    for field in ("temperature", "top_p", "repetition_penalty"):
+        for bad in (math.nan, math.inf):
+            with pytest.raises(ValueError, match="finite"):
+                SamplingParams(**{field: bad})
+    # logits / 1e-300 overflow float32: such a temperature samples the argmax
+    p = SamplingParams(temperature=1e-300, seed=0)
+    assert p.greedy
+    logits = torch.tensor([[0.5, 3.0, -1.0]])
+    assert sample(logits, [p], [torch.Generator().manual_seed(0)]) == [1]
