@@ -441,6 +441,9 @@ def sessions_import(path: str) -> None:
     """Add a session from a file written by `sessions export`."""
     from sessions.session_file import import_session
 
+    if not os.path.isfile(path):  # /dev/zero would be read forever, a FIFO wait for a writer
+        raise UserError(f"cannot import {path}: not a regular file")
+
     def do_import():
         from agentctx import kv_snapshots
 

@@ -290,3 +290,12 @@ def test_bad_new_session_name_fails_before_the_model_loads(home, repo):
         proc = agentctx("ask", "What does greet do?", "--repo", str(repo), "--session", name)
         assert_one_line_error(proc, "bad session name")
         assert "loading model" not in proc.stderr
+
+
+def test_import_of_a_special_file_is_refused(home, tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        assert_one_line_error(
+            agentctx("sessions", "import", path, timeout=30), "not a regular file"
+        )
