@@ -354,7 +354,10 @@ class AgentApp(App):
         if self.session is not None and self.session.id == s.id:
             self.es_owner = None  # nothing to save for a deleted session
             self.new_session()
-        kv_snapshots.remove(s.id)
+        try:
+            kv_snapshots.remove(s.id)
+        except OSError as e:  # the session is gone; only its snapshot file stays
+            self.notify(f"its KV snapshot was not removed: {e.strerror or e}", severity="warning")
 
     def new_session(self) -> None:
         self._close_engine_session()
