@@ -243,9 +243,12 @@ def open_engine_session(engine, session, output):
     import uuid
 
     from agentctx import kv_snapshots
+    from sessions.store import is_session_id
 
     if session is None:
         return engine.open_session(f"new-{uuid.uuid4().hex}")
+    if not is_session_id(session.id):  # (imported before ids were checked: no snapshot)
+        return engine.open_session(session.id)
     path = kv_snapshots.kv_path(session.id)
     if not path.exists():
         return engine.open_session(session.id)
@@ -267,12 +270,13 @@ def save_kv(es, session_id: str, output) -> None:
     """Save an engine session's KV as the stored session's snapshot, within the budget."""
     from agentctx import kv_snapshots
     from engine import EngineError
+    from sessions.errors import StoreError
     from tools.errors import ToolError
 
     if not es.blocks:
         return
-    path = kv_snapshots.kv_path(session_id)
     try:
+        path = kv_snapshots.kv_path(session_id)
         limit = kv_snapshots.budget()
         if limit == 0:
             return
@@ -280,8 +284,8 @@ def save_kv(es, session_id: str, output) -> None:
         es.save(path)
         took = time.perf_counter() - start
         removed = kv_snapshots.prune(kv_snapshots.kv_dir(), limit)
-    except (OSError, EngineError, ToolError, kv_snapshots.BudgetError) as e:  # (ToolError:
-        output.info(f"KV snapshot not saved: {e}")  # a bad config file)
+    except (OSError, EngineError, ToolError, StoreError, kv_snapshots.BudgetError) as e:
+        output.info(f"KV snapshot not saved: {e}")  # (ToolError: a bad config file)
         return
     if path in removed:
         output.info("KV snapshot not kept: it alone is over the disk budget (AGENTCTX_KV_BUDGET)")

@@ -263,6 +263,17 @@ def _session_dict(s) -> dict:
     }  # fmt: skip
 
 
+def _finite(value):
+    """`value` with every float that is not finite replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _run(fn):
     try:
         return fn()
@@ -299,18 +310,18 @@ def sessions_show(ref: str, as_json: bool) -> None:
 
     s, msgs = _run(show)
     if as_json:
-        data = _session_dict(s)
+        data = _session_dict(s)  # (timings: NaN and inf, which JSON lacks, become null)
         data["messages"] = [
             {
                 "seq": m.seq,
                 "role": m.role,
                 "content": m.content,
                 "status": m.status,
-                "timings": m.timings,
+                "timings": _finite(m.timings),
             }
             for m in msgs
         ]
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False))
         return
     click.echo(
         f"session {s.id}{f' ({s.name})' if s.name else ''}: {s.root_kind} {s.root}, model {s.model}"
@@ -447,11 +458,8 @@ def sessions_import(path: str) -> None:
     def do_import():
         from agentctx import kv_snapshots
 
-        try:
-            with open(path, encoding="utf-8") as fp:
-                return import_session(_store(), fp, kv_snapshots.kv_dir())
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot import {path}: {e}") from None
+        # (a path: the import refuses what is not a regular file, and reads it as bytes)
+        return import_session(_store(), path, kv_snapshots.kv_dir())
 
     s = _run(do_import)
     click.echo(f"imported {s.id}")

@@ -48,6 +48,13 @@ def kv_dir() -> Path:
 
 
 def kv_path(session_id: str) -> Path:
+    """The snapshot file of a session. An id not of the store's form (one imported before
+    imports were checked, "../x" say) is refused: it would name a file outside kv/."""
+    from sessions.errors import StoreError
+    from sessions.store import is_session_id
+
+    if not is_session_id(session_id):
+        raise StoreError(f"session id {session_id!r} is not of the form s-xxxxxx")
     return kv_dir() / f"{session_id}.kv"
 
 
@@ -89,4 +96,7 @@ def prune(directory: Path, limit: int) -> list[Path]:
 
 
 def remove(session_id: str) -> None:
-    kv_path(session_id).unlink(missing_ok=True)
+    from sessions.store import is_session_id
+
+    if is_session_id(session_id):  # (no other id has a snapshot of ours: see kv_path)
+        kv_path(session_id).unlink(missing_ok=True)

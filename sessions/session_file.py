@@ -6,22 +6,33 @@ messages by seq, not by database id, so a file moves between stores unchanged.
 
 Import checks the whole file before writing anything, then writes in one transaction.
 It keeps the session's id; if a session with that id (or name) already exists, the import
-is refused with SessionFileError rather than silently making a second copy.
+is refused with SessionFileError rather than silently making a second copy. Import is all
+or nothing: the rows and the KV snapshot file are both written, or neither is.
+
+What import refuses, beyond a wrong shape: an id not of the store's own form ("s-" and six
+hex digits; it names the KV file), a name the store would not accept from a user, an id or
+name that clashes with any existing session's id or name, a timestamp not written the way
+the store writes them, a string that is not valid UTF-8 (a lone surrogate escape), an
+integer field outside SQLite's 64 bits, NaN or Infinity, JSON nested more than
+MAX_NESTING deep, and a line over MAX_LINE_CHARS characters.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
+import contextlib
 import json
+import math
 import os
-from collections.abc import Iterable
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from sessions.errors import SessionFileError
+from sessions.errors import SessionError, SessionFileError, StoreError
 from sessions.models import ROLES, ROOT_KINDS, STATUSES, Session
-from sessions.store import SessionStore, to_json, utc_now
+from sessions.store import SessionStore, _check_name, is_session_id, is_timestamp, to_json, utc_now
 
 FORMAT = "agentctx-session"
 VERSION = 1
@@ -71,6 +82,23 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     },
 }
 OPTIONAL = {("session", "title")}
+
+# Fields that hold a time, written by the store as utc_now() does.
+TIMESTAMPS = {"created", "updated"}
+
+# SQLite integers are signed 64-bit.
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
+# The longest line read, in characters (newline included). Export writes the KV snapshot
+# in parts of KV_PART_BYTES (4 MiB of base64 a line) and every other record is one turn,
+# tool call or manifest, so no real line comes near this; it keeps a file with no line
+# ends (or an endless stream) from taking all memory.
+MAX_LINE_CHARS = 256 << 20
+
+# The deepest nesting of lists and objects inside a field (tool arguments, timings, the
+# manifest's files): far deeper than real data, shallow enough that reading the stored JSON
+# back can never hit Python's recursion limit.
+MAX_NESTING = 100
 
 # Values that must be one of a fixed set, checked before the database's CHECK would fail.
 CHOICES = {
@@ -165,29 +193,27 @@ def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> 
     return session
 
 
-def read_session_file(lines: Iterable[str], kv_sink: IO[bytes] | None = None) -> SessionFile:
-    """Parse and check every line; raises SessionFileError naming the first bad line.
+def read_session_file(
+    lines: Iterable[str] | IO[bytes], kv_sink: IO[bytes] | None = None
+) -> SessionFile:
+    """Parse and check every line (str, or a binary file's UTF-8 lines); raises
+    SessionFileError naming the first bad line. No line may be longer than MAX_LINE_CHARS.
     KV snapshot records are decoded into `kv_sink` (skipped without one)."""
     kv_parts = kv_size = kv_written = 0
     parsed: SessionFile | None = None
     seqs: set[int] = set()
     header_seen = False
-    for number, line in enumerate(lines, start=1):
+    for number, line in _numbered_lines(lines):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SessionFileError(f"not valid JSON ({e.msg})", number) from None
-        if not isinstance(obj, dict):
-            raise SessionFileError("expected a JSON object", number)
+        obj = _parse(line, number)
         if not header_seen:
             _check_header(obj, number)
             header_seen = True
             continue
         kind = obj.get("type")
-        if kind not in FIELDS:
-            raise SessionFileError(f"unknown record type {kind!r}", number)
+        if not isinstance(kind, str) or kind not in FIELDS:
+            raise SessionFileError(f"unknown record type {_short(kind)}", number)
         record = _check_record(kind, obj, number)
         if kind == "session":
             if parsed is not None:
@@ -197,16 +223,26 @@ def read_session_file(lines: Iterable[str], kv_sink: IO[bytes] | None = None) ->
         if parsed is None:
             raise SessionFileError(f"{kind} record before the session record", number)
         if kind == "kv_snapshot":
-            if record["part"] != kv_parts or (kv_parts and record["size"] != kv_size):
-                raise SessionFileError(f"kv_snapshot part {record['part']} is out of order", number)
+            part, parts, size = record["part"], record["parts"], record["size"]
+            if part != kv_parts or (kv_parts and (size != kv_size or parts != parsed.kv_parts)):
+                raise SessionFileError(f"kv_snapshot part {part} is out of order", number)
+            if parts < 1 or part >= parts or size < 0:
+                raise SessionFileError(
+                    f"kv_snapshot part {part} of {parts} ({size} bytes) is impossible", number
+                )
             try:
                 data = base64.b64decode(record["data"], validate=True)
-            except binascii.Error:
+            except ValueError:  # binascii.Error, or a character that is not ASCII
                 raise SessionFileError("kv_snapshot data is not base64", number) from None
-            kv_parts, kv_size, kv_written = kv_parts + 1, record["size"], kv_written + len(data)
-            parsed.kv_parts = record["parts"]
+            kv_parts, kv_size, kv_written = kv_parts + 1, size, kv_written + len(data)
+            if kv_written > kv_size:
+                raise SessionFileError(f"the KV snapshot is longer than its {size} bytes", number)
+            parsed.kv_parts = parts
             if kv_sink is not None:
-                kv_sink.write(data)
+                try:
+                    kv_sink.write(data)
+                except OSError as e:
+                    raise StoreError(f"cannot write the KV snapshot: {_os_reason(e)}") from None
             continue
         if kind == "message":
             if record["seq"] < 1 or record["seq"] in seqs:
@@ -228,75 +264,215 @@ def read_session_file(lines: Iterable[str], kv_sink: IO[bytes] | None = None) ->
     return parsed
 
 
-def import_session(store: SessionStore, fp: Iterable[str], kv_dir=None) -> Session:
-    """Add the session in the file. Its KV snapshot, if it has one and `kv_dir` is given,
-    is written to kv_dir/<session id>.kv once the session is stored."""
-    if kv_dir is None:
-        return _import(store, read_session_file(fp))
-    os.makedirs(kv_dir, exist_ok=True)
-    tmp = os.path.join(kv_dir, f".import-{os.getpid()}.kv.tmp")
+def open_session_file(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open a session file for import, in binary (read_session_file decodes each line, so
+    a byte that is not UTF-8 is reported with its line). Only a regular file is opened: a
+    device such as /dev/zero never ends and a FIFO with no writer blocks forever, so both
+    are refused with SessionFileError (checked before opening, and again on what was
+    opened)."""
+    shown = os.fsdecode(path)
     try:
-        with open(tmp, "wb") as sink:
-            data = read_session_file(fp, sink)
-        session = _import(store, data)
-        if data.has_kv:
-            os.replace(tmp, os.path.join(kv_dir, f"{session.id}.kv"))
-        return session
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SessionFileError(f"{shown} is not a regular file")
+        # O_NONBLOCK: opening a FIFO swapped in since the check cannot block.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise SessionFileError(f"cannot open {shown}: {_os_reason(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SessionFileError(f"{shown} is not a regular file")
+        os.set_blocking(fd, True)
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def import_session(
+    store: SessionStore,
+    source: str | os.PathLike[str] | Iterable[str],
+    kv_dir: str | os.PathLike[str] | None = None,
+) -> Session:
+    """Add the session in the file: `source` is its path (only a regular file is read) or
+    its lines (an open text file). Its KV snapshot, if it has one and `kv_dir` is given,
+    is written to kv_dir/<session id>.kv in the same step: if either the rows or the file
+    cannot be written, neither is, and StoreError (SessionFileError for a bad file) says
+    why."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        with open_session_file(source) as fp:
+            return import_session(store, fp, kv_dir)
+    if kv_dir is None:
+        return _import(store, read_session_file(source))
+    kv_dir = os.fspath(kv_dir)
+    try:
+        os.makedirs(kv_dir, exist_ok=True)
+        # Not *.kv, so the snapshot pruner never counts or removes it.
+        fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=".kv.tmp", dir=kv_dir)
+    except OSError as e:
+        raise StoreError(f"cannot write the KV snapshot in {kv_dir}: {_os_reason(e)}") from None
+    try:
+        try:
+            with open(fd, "wb") as sink:
+                data = read_session_file(source, sink)
+                if data.has_kv:
+                    sink.flush()
+                    os.fsync(sink.fileno())
+        except OSError as e:  # flushing or closing the snapshot (reading errors are caught)
+            raise StoreError(f"cannot write the KV snapshot: {_os_reason(e)}") from None
+        return _import(store, data, tmp if data.has_kv else None, kv_dir)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # gone already once moved into place
 
 
-def _import(store: SessionStore, data: SessionFile) -> Session:
+def _import(
+    store: SessionStore, data: SessionFile, kv_tmp: str | None = None, kv_dir: str | None = None
+) -> Session:
+    """Write the rows; with `kv_tmp`, move it to kv_dir/<id>.kv as the last step before the
+    commit, and remove it again if the commit fails."""
     s = data.session
-    with store.transaction() as db:
-        if db.execute("select 1 from sessions where id = ?", [s["id"]]).fetchone():
-            raise SessionFileError(f"session {s['id']!r} already exists; delete it first")
-        if (
-            s["name"] is not None
-            and db.execute("select 1 from sessions where name = ?", [s["name"]]).fetchone()
-        ):
-            raise SessionFileError(f"a session named {s['name']!r} already exists")
-        db.execute(
-            "insert into sessions (id, name, title, root, root_kind, model, created, updated)"
-            " values (?, ?, ?, ?, ?, ?, ?, ?)",
-            [s["id"], s["name"], s.get("title"), s["root"], s["root_kind"], s["model"]]
-            + [s["created"], s["updated"]],
-        )
-        id_of: dict[int, int] = {}
-        for m in data.messages:
-            cursor = db.execute(
-                "insert into messages (session_id, seq, role, content, tokens, status,"
-                " created, timings) values (?, ?, ?, ?, ?, ?, ?, ?)",
-                [s["id"], m["seq"], m["role"], m["content"], m["tokens"], m["status"]]
-                + [m["created"], to_json(m["timings"])],
-            )
-            id_of[m["seq"]] = cursor.lastrowid
-        for t in data.tool_calls:
-            db.execute(
-                "insert into tool_calls (session_id, message_id, name, arguments, result,"
-                " error, created) values (?, ?, ?, ?, ?, ?, ?)",
-                [s["id"], id_of.get(t["message_seq"]), t["name"], to_json(t["arguments"])]
-                + [t["result"], t["error"], t["created"]],
-            )
-        for f in data.manifests:
-            db.execute(
-                "insert into manifests (session_id, message_id, commit_sha, files, omitted,"
-                " tokens, created) values (?, ?, ?, ?, ?, ?, ?)",
-                [s["id"], id_of.get(f["message_seq"]), f["commit_sha"], to_json(f["files"])]
-                + [to_json(f["omitted"]), f["tokens"], f["created"]],
-            )
+    placed: str | None = None
+    try:
+        with store.transaction() as db:
+            _check_free(db, s)
+            _insert(db, data)
+            if kv_tmp is not None and kv_dir is not None:
+                target = os.path.join(kv_dir, f"{s['id']}.kv")
+                try:
+                    os.replace(kv_tmp, target)
+                except OSError as e:
+                    raise StoreError(
+                        f"cannot write the KV snapshot {target}: {_os_reason(e)}"
+                    ) from None
+                placed = target
+    except BaseException:
+        if placed is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(placed)
+        raise
     return store.get(s["id"])
+
+
+def _check_free(db: Any, s: dict[str, Any]) -> None:
+    """Neither the id nor the name may be any existing session's id or name, so that a
+    reference (get by id, else by name) always means one session."""
+    session_id, name = s["id"], s["name"]
+    if db.execute("select 1 from sessions where id = ?", [session_id]).fetchone():
+        raise SessionFileError(f"session {session_id!r} already exists; delete it first")
+    if db.execute("select 1 from sessions where name = ?", [session_id]).fetchone():
+        raise SessionFileError(f"session id {session_id!r} is the name of an existing session")
+    if name is None:
+        return
+    if db.execute("select 1 from sessions where name = ?", [name]).fetchone():
+        raise SessionFileError(f"a session named {name!r} already exists")
+    if db.execute("select 1 from sessions where id = ?", [name]).fetchone():
+        raise SessionFileError(f"session name {name!r} is the id of an existing session")
+
+
+def _insert(db: Any, data: SessionFile) -> None:
+    s = data.session
+    db.execute(
+        "insert into sessions (id, name, title, root, root_kind, model, created, updated)"
+        " values (?, ?, ?, ?, ?, ?, ?, ?)",
+        [s["id"], s["name"], s.get("title"), s["root"], s["root_kind"], s["model"]]
+        + [s["created"], s["updated"]],
+    )
+    id_of: dict[int, int] = {}
+    for m in data.messages:
+        cursor = db.execute(
+            "insert into messages (session_id, seq, role, content, tokens, status,"
+            " created, timings) values (?, ?, ?, ?, ?, ?, ?, ?)",
+            [s["id"], m["seq"], m["role"], m["content"], m["tokens"], m["status"]]
+            + [m["created"], to_json(m["timings"])],
+        )
+        id_of[m["seq"]] = cursor.lastrowid
+    for t in data.tool_calls:
+        db.execute(
+            "insert into tool_calls (session_id, message_id, name, arguments, result,"
+            " error, created) values (?, ?, ?, ?, ?, ?, ?)",
+            [s["id"], id_of.get(t["message_seq"]), t["name"], to_json(t["arguments"])]
+            + [t["result"], t["error"], t["created"]],
+        )
+    for f in data.manifests:
+        db.execute(
+            "insert into manifests (session_id, message_id, commit_sha, files, omitted,"
+            " tokens, created) values (?, ?, ?, ?, ?, ?, ?)",
+            [s["id"], id_of.get(f["message_seq"]), f["commit_sha"], to_json(f["files"])]
+            + [to_json(f["omitted"]), f["tokens"], f["created"]],
+        )
+
+
+def _numbered_lines(lines: Iterable[str] | IO[bytes]) -> Iterator[tuple[int, str]]:
+    """(line number, line), refusing a line over MAX_LINE_CHARS before it is all in memory
+    (an open file is read with readline's limit), and turning read errors into
+    SessionFileError. A binary file's lines are UTF-8 (its limit counts bytes)."""
+    readline = getattr(lines, "readline", None)
+    iterator = iter(lines) if readline is None else None
+    number = 0
+    while True:
+        number += 1
+        try:
+            if iterator is not None:  # lines already in memory, such as a list
+                line = next(iterator, None)
+            else:
+                line = readline(MAX_LINE_CHARS + 1) or None  # "" is the end of the file
+        except UnicodeDecodeError:
+            # A text file decodes ahead of the line it returns: the line is not known.
+            raise SessionFileError("the file is not UTF-8 text") from None
+        except OSError as e:
+            raise SessionFileError(f"cannot read the file: {_os_reason(e)}", number) from None
+        if line is None:
+            return
+        if len(line) > MAX_LINE_CHARS:
+            raise _too_long(number)
+        if isinstance(line, bytes):  # from open_session_file: decoded a line at a time
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SessionFileError("not UTF-8 text", number) from None
+        yield number, line
+
+
+def _too_long(number: int) -> SessionFileError:
+    return SessionFileError(
+        f"line is longer than {MAX_LINE_CHARS} characters (not a session file)", number
+    )
+
+
+def _parse(line: str, number: int) -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise SessionFileError(f"not valid JSON ({e.msg})", number) from None
+    except RecursionError:
+        raise SessionFileError("JSON nested too deeply", number) from None
+    except ValueError as e:  # such as an integer of more than 4300 digits
+        raise SessionFileError(f"not valid JSON ({_short(str(e))})", number) from None
+    if not isinstance(obj, dict):
+        raise SessionFileError("expected a JSON object", number)
+    return obj
+
+
+def _os_reason(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr() of a value from the file, cut short and on one line."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_header(obj: dict[str, Any], number: int) -> None:
     if obj.get("format") != FORMAT:
-        raise SessionFileError(f"not an {FORMAT} file (format is {obj.get('format')!r})", number)
+        raise SessionFileError(
+            f"not an {FORMAT} file (format is {_short(obj.get('format'))})", number
+        )
     if "version" not in obj:
         raise SessionFileError("header has no version", number)
     if obj["version"] != VERSION or isinstance(obj["version"], bool):
         raise SessionFileError(
-            f"unsupported version {obj['version']!r} (this agentctx reads version {VERSION})",
+            f"unsupported version {_short(obj['version'])} (this agentctx reads version {VERSION})",
             number,
         )
 
@@ -312,10 +488,69 @@ def _check_record(kind: str, obj: dict[str, Any], number: int) -> dict[str, Any]
         # bool is an int to Python, never to us.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise SessionFileError(f"{kind} field {name!r} has the wrong type", number)
+        if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            raise SessionFileError(f"{kind} field {name!r} is out of range", number)
+        if not (kind == "kv_snapshot" and name == "data"):  # checked as base64
+            _check_value(value, f"{kind} field {name!r}", number)
         choices = CHOICES.get((kind, name))
         if choices is not None and value not in choices:
             raise SessionFileError(
-                f"{kind} field {name!r} is {value!r}, not one of {choices}", number
+                f"{kind} field {name!r} is {_short(value)}, not one of {choices}", number
+            )
+        if name in TIMESTAMPS and not is_timestamp(value):
+            raise SessionFileError(
+                f"{kind} field {name!r} is {_short(value)}, not a time such as {utc_now()!r}",
+                number,
             )
         record[name] = value
+    if kind == "session":
+        _check_session(record, number)
     return record
+
+
+def _check_session(record: dict[str, Any], number: int) -> None:
+    """The id names the KV snapshot file, so it must be exactly of the store's own form;
+    the name must be one the store would accept from a user."""
+    if not is_session_id(record["id"]):
+        raise SessionFileError(
+            f"session id {_short(record['id'])} is not a session id (s- and 6 hex digits)",
+            number,
+        )
+    if record["name"] is not None:
+        name = record["name"]
+        try:
+            _check_name(name)
+        except SessionError as e:  # its message quotes the name: keep that short
+            raise SessionFileError(str(e).replace(repr(name), _short(name)), number) from None
+
+
+def _check_value(value: Any, what: str, number: int) -> None:
+    """Every string valid UTF-8 (JSON can spell a lone surrogate, SQLite cannot store
+    one), every number finite (NaN and Infinity are not JSON), nesting at most
+    MAX_NESTING. Iterative, so depth costs no stack."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item, what, number)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise SessionFileError(f"{what} holds {item} (not a finite number)", number)
+        elif isinstance(item, (dict, list)):
+            if depth >= MAX_NESTING:
+                raise SessionFileError(f"{what} is nested more than {MAX_NESTING} deep", number)
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    _check_text(key, what, number)
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+
+
+def _check_text(text: str, what: str, number: int) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SessionFileError(
+            f"{what} is not valid UTF-8 text (it has a lone surrogate)", number
+        ) from None

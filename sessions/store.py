@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import secrets
@@ -11,7 +12,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlite_utils import Database
 
@@ -23,8 +24,16 @@ from sessions.transaction import write_transaction
 
 # Names may not look like ids, so get(ref) is never ambiguous.
 ID_PATTERN = re.compile(r"s-[0-9a-f]+")
+# Exactly the ids new_session_id() makes; an imported id must be one (it names a file).
+ID_FORMAT = re.compile(r"s-[0-9a-f]{6}")
+# Exactly what utc_now() writes.
+TIMESTAMP_FORMAT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00"
+)
 
 BUSY_TIMEOUT_MS = 10_000
+
+_F = TypeVar("_F")
 
 _SESSION_SELECT = """
 select s.*, (select count(*) from messages m where m.session_id = s.id) as message_count
@@ -41,15 +50,67 @@ def new_session_id() -> str:
     return f"s-{secrets.token_hex(3)}"
 
 
+def is_session_id(text: str) -> bool:
+    """Whether `text` is an id of the form the store makes ("s-" and 6 hex digits): safe
+    to use in a file name."""
+    return isinstance(text, str) and ID_FORMAT.fullmatch(text) is not None
+
+
+def is_timestamp(text: str) -> bool:
+    """Whether `text` is a real UTC time written the way utc_now() writes it."""
+    if not isinstance(text, str) or not TIMESTAMP_FORMAT.fullmatch(text):
+        return False
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:  # such as month 13
+        return False
+    return True
+
+
 def to_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def _enable_wal(db: Database) -> None:
+def describe_error(e: BaseException, path: Path) -> str:
+    """One line for a failure of SQLite (or of binding a value to it) on the store at `path`."""
+    if isinstance(e, UnicodeEncodeError):
+        return "text that is not valid UTF-8 (it has a lone surrogate) cannot be stored"
+    if isinstance(e, OverflowError):
+        return "a number too large for the session store (its integers are 64-bit)"
+    text = str(e) or type(e).__name__
+    if "locked" in text or "busy" in text:
+        return (
+            f"the session store {path} is locked by another agentctx ({text});"
+            " try again when it is done"
+        )
+    if "disk is full" in text or "disk I/O" in text:
+        return f"cannot write the session store {path} ({text}); nothing was changed"
+    return f"session store {path}: {text}"
+
+
+# What a store method may raise from SQLite, each turned into StoreError.
+_DB_ERRORS = (sqlite3.Error, UnicodeEncodeError, OverflowError)
+
+
+def _store_errors(method: _F) -> _F:
+    """Turn SQLite errors of a store method into StoreError with one line. Its write
+    transaction has already been rolled back when the error reaches here."""
+
+    @functools.wraps(method)  # type: ignore[arg-type]
+    def wrapper(self: SessionStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)  # type: ignore[operator]
+        except _DB_ERRORS as e:
+            raise StoreError(describe_error(e, self.path)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _enable_wal(db: Database, busy_timeout_ms: int) -> None:
     """Switch to WAL. The switch needs an exclusive lock and SQLite may answer "database is
     locked" at once, without waiting out the busy timeout, while another process is opening
     the same new file: retry for up to the busy timeout."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    deadline = time.monotonic() + busy_timeout_ms / 1000
     while True:
         try:
             db.enable_wal()
@@ -60,9 +121,31 @@ def _enable_wal(db: Database) -> None:
             time.sleep(0.02)
 
 
-def open_database(path: Path) -> Database:
+def _check_ours(db: Database, path: Path) -> None:
+    """Refuse a SQLite file that holds something other than a session store, before
+    anything writes to it (the WAL switch, migrations): it is left exactly as it was.
+    A file with no schema at all is a new store."""
+    names = [row[0] for row in db.execute("select name from sqlite_master")]
+    if not names:
+        return
+    if "_migrations" in names:
+        try:
+            row = db.execute("select 1 from _migrations where name = 'm001_initial'").fetchone()
+        except sqlite3.OperationalError:  # another application's _migrations table
+            row = None
+        if row is not None:
+            return
+    shown = ", ".join(sorted(n for n in names if not n.startswith("sqlite_"))[:5])
+    raise StoreError(
+        f"{path} is not an agentctx session database (it holds other tables: {shown});"
+        " it was left unchanged"
+    )
+
+
+def open_database(path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Database:
     """Open (creating if needed) and migrate the database. A file that is not a SQLite
-    database raises StoreError and is left exactly as it was."""
+    database, or is another application's database, raises StoreError and is left
+    exactly as it was."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -70,23 +153,34 @@ def open_database(path: Path) -> Database:
     db = None
     try:
         db = Database(path)
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         # Reads the header before anything could write to the file.
         db.execute("PRAGMA schema_version").fetchone()
-        _enable_wal(db)
+        _check_ours(db, path)
+        _enable_wal(db, busy_timeout_ms)
         db.execute("PRAGMA foreign_keys = ON")
         migrate(db)
-    except sqlite3.DatabaseError as e:
+    except sqlite3.Error as e:
         if db is not None:
             db.close()
+        if "locked" in str(e):
+            raise StoreError(describe_error(e, path)) from None
         raise StoreError(f"cannot open session database {path}: {e}") from None
+    except BaseException:
+        if db is not None:
+            db.close()
+        raise
     return db
 
 
 class SessionStore:
-    def __init__(self, path: str | Path | None = None):
+    """Every method raises StoreError (never a raw sqlite3 error) when SQLite fails: the
+    file is locked by another process for longer than `busy_timeout_ms`, the disk is full,
+    the file is damaged. A failed write changes nothing."""
+
+    def __init__(self, path: str | Path | None = None, busy_timeout_ms: int = BUSY_TIMEOUT_MS):
         self.path = Path(path) if path is not None else db_path()
-        self.db = open_database(self.path)
+        self.db = open_database(self.path, busy_timeout_ms)
 
     def close(self) -> None:
         self.db.close()
@@ -99,12 +193,17 @@ class SessionStore:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Database]:
-        """One write transaction; the store's own writes inside it join it."""
-        with write_transaction(self.db) as db:
-            yield db
+        """One write transaction; the store's own writes inside it join it. A SQLite error
+        in it (or in taking the lock, or committing) rolls it back and becomes StoreError."""
+        try:
+            with write_transaction(self.db) as db:
+                yield db
+        except _DB_ERRORS as e:
+            raise StoreError(describe_error(e, self.path)) from None
 
     # Sessions
 
+    @_store_errors
     def create(
         self,
         root: str | None,
@@ -130,6 +229,7 @@ class SessionStore:
             )
         return self.get(session_id)
 
+    @_store_errors
     def get(self, ref: str) -> Session:
         """By id, else by name."""
         row = self._row("s.id = ?", ref) or self._row("s.name = ?", ref)
@@ -137,11 +237,13 @@ class SessionStore:
             raise SessionNotFound(ref)
         return Session.from_row(row)
 
+    @_store_errors
     def latest(self) -> Session | None:
         """The most recently updated session."""
         sessions = self.list(limit=1)
         return sessions[0] if sessions else None
 
+    @_store_errors
     def list(self, limit: int | None = None) -> list[Session]:
         """Newest (most recently updated) first, each with its message count."""
         sql = _SESSION_SELECT + " order by s.updated desc, s.rowid desc"
@@ -151,6 +253,7 @@ class SessionStore:
             params.append(limit)
         return [Session.from_row(row) for row in self.db.query(sql, params)]
 
+    @_store_errors
     def rename(self, ref: str, new_name: str | None) -> Session:
         """Give a session a new unique name, or None to clear it."""
         if new_name is not None:
@@ -165,6 +268,7 @@ class SessionStore:
             )
         return self.get(session.id)
 
+    @_store_errors
     def set_title(self, ref: str, title: str | None) -> Session:
         with self.transaction():
             session = self.get(ref)
@@ -174,6 +278,7 @@ class SessionStore:
             )
         return self.get(session.id)
 
+    @_store_errors
     def delete(self, ref: str) -> Session:
         """Delete a session with its messages, tool calls and manifests (by cascade)."""
         with self.transaction():
@@ -183,6 +288,7 @@ class SessionStore:
 
     # Messages
 
+    @_store_errors
     def add_message(
         self,
         session_id: str,
@@ -212,6 +318,7 @@ class SessionStore:
             message_id = cursor.lastrowid
         return self.message(message_id)
 
+    @_store_errors
     def update_message(
         self,
         message_id: int,
@@ -243,12 +350,14 @@ class SessionStore:
                 self._touch(message.session_id, utc_now())
         return self.message(message_id)
 
+    @_store_errors
     def message(self, message_id: int) -> Message:
         rows = list(self.db.query("select * from messages where id = ?", [message_id]))
         if not rows:
             raise SessionError(f"no message numbered {message_id}")
         return Message.from_row(rows[0])
 
+    @_store_errors
     def messages(self, session_id: str) -> list[Message]:
         """In turn (seq) order."""
         self._require(session_id)
@@ -259,6 +368,7 @@ class SessionStore:
 
     # Tool calls
 
+    @_store_errors
     def add_tool_call(
         self,
         session_id: str,
@@ -281,6 +391,7 @@ class SessionStore:
             tool_call_id = cursor.lastrowid
         return self._tool_call(tool_call_id)
 
+    @_store_errors
     def update_tool_call(
         self, tool_call_id: int, result: str | None = None, error: str | None = None
     ) -> ToolCall:
@@ -294,6 +405,7 @@ class SessionStore:
             )
         return self._tool_call(tool_call_id)
 
+    @_store_errors
     def tool_calls(self, session_id: str) -> list[ToolCall]:
         self._require(session_id)
         rows = self.db.query(
@@ -303,6 +415,7 @@ class SessionStore:
 
     # Manifests
 
+    @_store_errors
     def add_manifest(
         self,
         session_id: str,
@@ -337,6 +450,7 @@ class SessionStore:
         rows = list(self.db.query("select * from manifests where id = ?", [manifest_id]))
         return Manifest.from_row(rows[0])
 
+    @_store_errors
     def manifests(self, session_id: str) -> list[Manifest]:
         self._require(session_id)
         rows = self.db.query(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import sqlite3
 from collections.abc import Iterator
 
 from sqlite_utils import Database
@@ -13,7 +14,9 @@ from sqlite_utils import Database
 def write_transaction(db: Database) -> Iterator[Database]:
     """BEGIN IMMEDIATE, so a read-then-write (such as max(seq)+1) holds the write lock
     from the read on and another process cannot slip in between; with busy_timeout set,
-    a second writer waits here instead of failing. Nested use becomes a savepoint."""
+    a second writer waits here instead of failing. Nested use becomes a savepoint.
+    On any error (a failed COMMIT included) the work is rolled back and the first error
+    is raised, not one from the rollback."""
     conn = db.conn
     if conn.in_transaction:
         name = f"sp_{secrets.token_hex(4)}"
@@ -23,8 +26,9 @@ def write_transaction(db: Database) -> Iterator[Database]:
         except BaseException:
             # An error may already have ended the whole transaction, savepoint included.
             if conn.in_transaction:
-                conn.execute(f"ROLLBACK TO {name}")
-                conn.execute(f"RELEASE {name}")
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute(f"ROLLBACK TO {name}")
+                    conn.execute(f"RELEASE {name}")
             raise
         conn.execute(f"RELEASE {name}")
         return
@@ -33,6 +37,13 @@ def write_transaction(db: Database) -> Iterator[Database]:
         yield db
         conn.execute("COMMIT")
     except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # SQLite may have rolled back by itself (disk full, I/O error); a ROLLBACK that fails
+    # must not hide the error that caused it.
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

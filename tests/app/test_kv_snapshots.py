@@ -8,6 +8,7 @@ import pytest
 
 from agentctx import kv_snapshots
 from agentctx.kv_snapshots import BudgetError, parse_size, prune
+from sessions.errors import StoreError
 
 
 @pytest.mark.parametrize("text,size", [
@@ -44,4 +45,6 @@ def test_budget_from_env_and_config(monkeypatch, tmp_path):
     assert kv_snapshots.budget() == 2_000_000_000
     monkeypatch.setenv("AGENTCTX_KV_BUDGET", "1MiB")
     assert kv_snapshots.budget() == 1 << 20
-    assert kv_snapshots.kv_path("s-abc") == tmp_path / "kv" / "s-abc.kv"
+    assert kv_snapshots.kv_path("s-abc123") == tmp_path / "kv" / "s-abc123.kv"
+    with pytest.raises(StoreError, match="not of the form"):  # it would name ../escaped.kv
+        kv_snapshots.kv_path("../escaped")
