@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from tools.errors import BinaryFileError, FileTooLargeError, RootError, ToolError
+from tools.names import printable
 from tools.repo_files import head_commit, list_files, read_text, resolve_root
 
 REASON_BUDGET = "budget"
@@ -123,6 +124,8 @@ def pack_repository(
     base = resolve_root(root)
     omitted: list[OmittedFile] = []
     texts: dict[str, str] = {}
+    # list_files gives names in show_path's form: printable, whatever bytes a name has
+    # on disk, so they can go into the text, and read_text takes them back
     for path in list_files(base):
         try:
             texts[path] = read_text(base, path, max_bytes=max_file_bytes)
@@ -133,7 +136,7 @@ def pack_repository(
         except ToolError:
             omitted.append(OmittedFile(path, None, REASON_UNREADABLE))
     if not texts:
-        raise RootError(f"repository has no text files: {base}")
+        raise RootError(f"repository has no text files: {printable(str(base))}")
 
     ranked = rank_paths(texts, question)
     lines_of = {path: _split_lines(texts[path]) for path in ranked}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tools.errors import ToolError, UnreadableFileError
 from tools.grep import clip_around, compile_pattern
+from tools.names import printable, show_path
 from tools.read_file import format_range, split_lines
 from tools.repo_files import read_text
 
@@ -48,7 +49,7 @@ def list_chapters(book_path: str | os.PathLike[str]) -> str:
     """chapters() as text for the model."""
     found = chapters(book_path)
     total = sum(chapter.words for chapter in found)
-    out = [f"{Path(book_path).name}: {len(found)} chapters, {total:,} words"]
+    out = [f"{printable(Path(book_path).name)}: {len(found)} chapters, {total:,} words"]
     for c in found:
         out.append(
             f"{c.index:>3}. {c.title} (lines {c.start_line}-{c.end_line}, {c.words:,} words)"
@@ -71,7 +72,8 @@ def read_chapter(book_path: str | os.PathLike[str], index: int, max_lines: int =
 def read_lines(
     book_path: str | os.PathLike[str], start: int, end: int | None = None, max_lines: int = 400
 ) -> str:
-    return format_range(Path(book_path).name, _lines(book_path), start, end, max_lines)
+    label = printable(Path(book_path).name)
+    return format_range(label, _lines(book_path), start, end, max_lines)
 
 
 def search_book(
@@ -115,14 +117,17 @@ def book_lines(book_path: str | os.PathLike[str]) -> list[str]:
 def _lines(book_path: str | os.PathLike[str]) -> list[str]:
     path = Path(book_path).expanduser()
     if not path.exists():
-        raise UnreadableFileError(f"book not found: {book_path}")
+        raise UnreadableFileError(f"book not found: {printable(os.fspath(book_path))}")
     if path.is_dir():
-        raise UnreadableFileError(f"a book is one text file, not a directory: {book_path}")
+        raise UnreadableFileError(
+            f"a book is one text file, not a directory: {printable(os.fspath(book_path))}"
+        )
     # the user named this file, so a symlink is followed; its own directory is the root
     path = path.resolve()
-    lines = split_lines(read_text(path.parent, path.name, max_bytes=BOOK_MAX_BYTES))
+    # show_path's form is what read_text reads back as exactly this name
+    lines = split_lines(read_text(path.parent, show_path(path.name), max_bytes=BOOK_MAX_BYTES))
     if not any(line.strip() for line in lines):
-        raise ToolError(f"the book is empty: {book_path}")
+        raise ToolError(f"the book is empty: {printable(os.fspath(book_path))}")
     return lines
 
 

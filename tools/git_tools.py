@@ -6,21 +6,12 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tools.errors import FileTooLargeError, ToolError
+from tools.names import printable, show_path
 from tools.read_file import check_range, number_lines, split_lines
-from tools.repo_files import _is_ignored_by, _open_repo, confine, read_text, resolve_root
-
-if TYPE_CHECKING:
-    import git
-
-# A repository's own config can name programs git would run: external diff drivers,
-# textconv filters, an fsmonitor hook. None of them may run from a read-only tool.
-SAFE_CONFIG = ("-c", "core.fsmonitor=false", "-c", "diff.external=")
-SAFE_DIFF = ("--no-ext-diff", "--no-textconv")
-# Keeps `git diff` from refreshing .git/index: these tools must not write anything.
-SAFE_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
+from tools.repo_files import confine, read_text, resolve_root
+from tools.safe_git import SAFE_DIFF, find_work_tree
 
 NO_COMMITS = "the repository has no commits yet"
 # The same limit read_text puts on files in the work tree.
@@ -40,7 +31,7 @@ def git_log(root: str | os.PathLike[str], path: str | None = None, max_count: in
             args.append("--follow")  # a file's history goes on past its renames
         lines = split_lines(repo.run(*args, "--", *spec))
     if not lines:
-        return f"no commits touch {path or 'this directory'}"
+        return f"no commits touch {printable(path) if path else 'this directory'}"
     if len(lines) > max_count:
         lines = [*lines[:max_count], f"... more commits; raise max_count (now {max_count})"]
     return "\n".join(lines)
@@ -61,19 +52,20 @@ def git_show(
             return _cap(text, max_chars)
         rel = repo.relative(path)
         obj = f"{rev}:{'' if rel == '.' else rel}"
+        label = f"{printable(path)} at {printable(rev)}"
         size = int(repo.run("cat-file", "-s", obj))
         if size > MAX_FILE_BYTES:  # refused before git loads it, as read_text does on disk
-            raise FileTooLargeError(f"{path} at {rev}", size, MAX_FILE_BYTES)
+            raise FileTooLargeError(label, size, MAX_FILE_BYTES)
         data = repo.run_bytes("show", "--no-textconv", obj)
     try:
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ToolError(f"not a text file: {path} at {rev}") from None
+        raise ToolError(f"not a text file: {label}") from None
     lines = split_lines(text.replace("\r\n", "\n"))
     body = "\n".join(number_lines(lines, 1))
-    return _cap(f"{path} at {rev} ({len(lines)} lines)\n{body}", max_chars)
+    return _cap(f"{label} ({len(lines)} lines)\n{body}", max_chars)
 
 
 def git_diff(
@@ -95,9 +87,8 @@ def git_diff(
         untracked: list[str] = []
         if rev_b is None:
             # git diff never shows new files it does not track; the model should know of them
-            untracked = split_lines(
-                repo.run("ls-files", "--others", "--exclude-standard", "--", *spec)
-            )
+            listed = repo.run_bytes("ls-files", "-z", "--others", "--exclude-standard", "--", *spec)
+            untracked = [show_path(os.fsdecode(name)) for name in listed.split(b"\0") if name]
     if untracked:
         text += ("\n\n" if text else "") + "untracked files: " + ", ".join(untracked)
     return _cap(text, max_chars) if text else "no differences"
@@ -117,7 +108,8 @@ def git_blame(
         last = min(check_range(path, total, start, end), start + max(max_lines, 1) - 1)
         spec = repo.pathspec(path)
         if not repo.run("ls-files", "--", *spec):
-            raise ToolError(f"not tracked by git: {path}")
+            raise ToolError(f"not tracked by git: {printable(path)}")
+        repo.check_ignore_revs_files()
         # blame takes a plain path, not a pathspec with magic
         rel = repo.relative(path)
         porcelain = repo.run(
@@ -126,7 +118,7 @@ def git_blame(
     rows = _parse_blame(porcelain)
     width = max((len(author) for _, author, _, _ in rows), default=0)
     number_width = max(4, len(str(last)))
-    out = [f"{path} (lines {start}-{last} of {total})"]
+    out = [f"{printable(path)} (lines {start}-{last} of {total})"]
     for number, (sha, author, date, text) in enumerate(rows, start):
         out.append(f"{sha} {author:<{width}} {date} {number:>{number_width}}| {text}")
     if last < (total if end is None else min(end, total)):
@@ -135,7 +127,7 @@ def git_blame(
 
 
 class _Repo:
-    """An open repository plus the root the user named, which may be a subdirectory of it."""
+    """The work tree holding the root the user named, which may be a subdirectory of it."""
 
     def __init__(self, root: str | os.PathLike[str]):
         self.base = resolve_root(root)
@@ -143,23 +135,21 @@ class _Repo:
             import git  # noqa: F401  late: GitPython refuses to import without a git binary
         except ImportError as exc:
             raise ToolError("git tools need GitPython and a git executable") from exc
-        repo = _open_repo(self.base)
-        if repo is not None and _is_ignored_by(repo, self.base):
-            repo.close()  # the enclosing repository ignores these files: it is not their history
-            repo = None
-        if repo is None:
-            raise ToolError(f"not a git repository: {root}")
-        self.repo: git.Repo = repo
-        self.top = Path(repo.working_tree_dir).resolve()
+        tree = find_work_tree(self.base)
+        if tree is None or tree.ignores(self.base):
+            # an ignored directory's files are not the enclosing repository's history
+            raise ToolError(f"not a git repository: {printable(os.fspath(root))}")
+        self.top = tree.top
+        self.git = tree.git  # runs at top, with the repository's programs turned off
 
     def __enter__(self) -> _Repo:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.repo.close()
+        pass
 
     def require_commits(self) -> None:
-        if not self.repo.head.is_valid():
+        if not self.git.ok("rev-parse", "--verify", "--quiet", "HEAD^{commit}"):
             raise ToolError(NO_COMMITS)
 
     def verify(self, rev: str) -> None:
@@ -169,7 +159,24 @@ class _Repo:
         try:
             self.run("rev-parse", "--verify", "--quiet", rev)
         except ToolError:
-            raise ToolError(f"unknown revision: {rev}") from None
+            raise ToolError(f"unknown revision: {printable(rev)}") from None
+
+    def check_ignore_revs_files(self) -> None:
+        """Refuses a blame.ignoreRevsFile outside the work tree: blame would read it and
+        quote, in its error, the first line that is no object name. No config undoes it."""
+        try:
+            named = self.run_bytes("config", "-z", "--path", "--get-all", "blame.ignoreRevsFile")
+        except ToolError:
+            return  # status 1: none set
+        for name in map(os.fsdecode, filter(None, named.split(b"\0"))):
+            try:
+                path = (self.top / name).resolve()  # git reads a relative name from the top
+            except (OSError, RuntimeError):
+                path = None  # a symlink loop: nothing shows it stays inside
+            if path is None or not path.is_relative_to(self.top):
+                raise ToolError(
+                    f"blame.ignoreRevsFile names a file outside the repository: {printable(name)}"
+                )
 
     def confined(self, path: str) -> Path:
         return confine(self.base, path)
@@ -186,28 +193,10 @@ class _Repo:
         return [] if rel == "." else [f":(literal){rel}"]
 
     def run(self, *args: str) -> str:
-        return self.run_bytes(*args).decode("utf-8", errors="replace")
+        return self.git.run(*args)
 
     def run_bytes(self, *args: str) -> bytes:
-        import git
-
-        command = ["git", *SAFE_CONFIG, *args]
-        try:
-            return self.repo.git.execute(command, stdout_as_string=False, env=SAFE_ENV)
-        except git.exc.GitCommandError as exc:
-            raise ToolError(_git_message(exc)) from None
-
-
-def _git_message(exc: Exception) -> str:
-    """Git's own one-line complaint, without GitPython's wrapping."""
-    stderr = str(getattr(exc, "stderr", "") or "")
-    match = re.search(r"stderr: '(.*)'\s*$", stderr, re.DOTALL)
-    text = match.group(1) if match else stderr
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return f"git failed: {exc}"
-    # the caller adds its own "error: " in front
-    return re.sub(r"^(fatal|error): ", "", lines[0])
+        return self.git.run_bytes(*args)
 
 
 def _parse_blame(porcelain: str) -> list[tuple[str, str, str, str]]:

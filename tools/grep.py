@@ -29,7 +29,10 @@ def grep(
     paths = list_files(base)
     if path_glob:
         # git's wildcard rules: "*.py" matches at any depth, "src/" a whole directory
-        spec = pathspec.GitIgnoreSpec.from_lines([path_glob])
+        try:
+            spec = pathspec.GitIgnoreSpec.from_lines([path_glob])
+        except (ValueError, re.error):  # "[z-a]", a lone "!" or "\"
+            raise ToolError(f"invalid path_glob {path_glob!r}") from None
         paths = [path for path in paths if spec.match_file(path)]
 
     shown: list[str] = []

@@ -6,6 +6,7 @@ import ast
 import os
 
 from tools.errors import ToolError
+from tools.names import printable
 from tools.repo_files import read_text, resolve_root
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -14,16 +15,17 @@ _Def = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def outline(root: str | os.PathLike[str], path: str) -> str:
+    label = printable(path)
     if not path.endswith(PYTHON_SUFFIXES):
-        raise ToolError(f"outline supports Python files (.py, .pyi), not {path}")
+        raise ToolError(f"outline supports Python files (.py, .pyi), not {label}")
     text = read_text(resolve_root(root), path)
     try:
-        tree = ast.parse(text, filename=path)
+        tree = ast.parse(text, filename=label)
     except SyntaxError as exc:
-        raise ToolError(f"syntax error in {path} line {exc.lineno}: {exc.msg}") from None
+        raise ToolError(f"syntax error in {label} line {exc.lineno}: {exc.msg}") from None
     except (RecursionError, MemoryError, ValueError) as exc:
         # absurdly deep nesting overflows the parser; there is no outline to give
-        raise ToolError(f"cannot parse {path}: {type(exc).__name__}") from None
+        raise ToolError(f"cannot parse {label}: {type(exc).__name__}") from None
 
     total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
     rows: list[tuple[str, str]] = []
@@ -35,10 +37,10 @@ def outline(root: str | os.PathLike[str], path: str) -> str:
                     if isinstance(child, _Def):
                         rows.append((_span(child), "    " + signature(child)))
     if not rows:
-        return f"{path} ({total} lines): no top-level classes or functions"
+        return f"{label} ({total} lines): no top-level classes or functions"
     width = max(len(span) for span, _ in rows)
     body = [f"{span:>{width}}  {text}" for span, text in rows]
-    return "\n".join([f"{path} ({total} lines)", *body])
+    return "\n".join([f"{label} ({total} lines)", *body])
 
 
 def signature(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tools.errors import ToolError
+from tools.names import printable
 from tools.repo_files import read_text, resolve_root
 
 # A minified bundle can be one megabyte on one line; the model needs only its start.
@@ -20,7 +21,7 @@ def read_file(
 ) -> str:
     base = resolve_root(root)
     lines = split_lines(read_text(base, path))
-    return format_range(path, lines, start, end, max_lines)
+    return format_range(printable(path), lines, start, end, max_lines)
 
 
 def split_lines(text: str) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tools import book, git_tools, grep, outline, read_file, repo_files
 from tools.errors import ToolError
+from tools.names import no_surrogates
 
 # JSON-schema type names and the Python values that satisfy them.
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -185,6 +186,12 @@ def schemas(names: tuple[str, ...] | list[str] = REPO_TOOLS) -> list[dict[str, A
 
 def run_tool(root: str | os.PathLike[str], name: str, arguments: dict[str, Any] | None) -> str:
     """The tool's text, or "error: ..." text: the model reads errors and tries again."""
+    # the tools show file names printable; this is for what slips past them (an OS error's
+    # file name, git's stderr): no tokenizer takes the surrogates of undecodable bytes
+    return no_surrogates(_run_tool(root, name, arguments))
+
+
+def _run_tool(root: str | os.PathLike[str], name: str, arguments: dict[str, Any] | None) -> str:
     spec = TOOLS.get(name)
     if spec is None:
         return f"error: unknown tool {name!r}; tools: {', '.join(TOOLS)}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pathspec
 
@@ -16,9 +16,8 @@ from tools.errors import (
     RootError,
     UnreadableFileError,
 )
-
-if TYPE_CHECKING:
-    import git
+from tools.names import printable, show_path, unescape
+from tools.safe_git import GitFailed, find_work_tree
 
 # Directories that are never source, even when nobody listed them in .gitignore.
 ALWAYS_SKIPPED = frozenset({".git", ".venv", "node_modules", "__pycache__"})
@@ -30,51 +29,60 @@ SNIFF_BYTES = 8192
 def resolve_root(path: str | os.PathLike[str]) -> Path:
     root = Path(path).expanduser()
     if not root.exists():
-        raise RootError(f"repository path does not exist: {path}")
+        raise RootError(f"repository path does not exist: {printable(os.fspath(path))}")
     if not root.is_dir():
-        raise RootError(f"not a directory: {path}")
+        raise RootError(f"not a directory: {printable(os.fspath(path))}")
     return root.resolve()
 
 
 def confine(root: str | os.PathLike[str], rel_path: str | os.PathLike[str]) -> Path:
-    """The resolved path of rel_path, which must stay inside root once symlinks are followed."""
+    """The resolved path of rel_path, which must stay inside root once symlinks are followed.
+
+    A str rel_path may be in show_path's form, or carry git's quoting of unusual names
+    (\\351, \\t); the literal name is taken where that form names no file.
+    """
     base = Path(root).resolve()
+    readings = _readings(rel_path) if isinstance(rel_path, str) else [rel_path]
+    if len(readings) > 1:
+        readings.sort(key=lambda path: not _lexists(base / path))  # stable: escapes first
+    chosen = readings[0]
+    label = printable(os.fspath(rel_path))
     try:
         # joining an absolute rel_path yields rel_path itself, so the check below catches it
-        resolved = (base / rel_path).resolve()
+        resolved = (base / chosen).resolve()
     except (OSError, RuntimeError, ValueError) as exc:
         # symlink loops and NUL bytes: nothing proves the path stays inside, so refuse it
-        raise PathEscapeError(f"cannot resolve path inside the repository: {rel_path}") from exc
+        raise PathEscapeError(f"cannot resolve path inside the repository: {label}") from exc
     if not resolved.is_relative_to(base):
-        raise PathEscapeError(f"path is outside the repository: {rel_path}")
+        raise PathEscapeError(f"path is outside the repository: {label}")
     return resolved
 
 
 def list_files(root: str | os.PathLike[str]) -> list[str]:
-    """Repo-relative POSIX paths of the files under root, sorted, ignored files left out."""
+    """Repo-relative POSIX paths of the files under root, sorted, ignored files left out.
+
+    Each path is in show_path's form: the model sees it, and gives it back to the tools.
+    """
     base = resolve_root(root)
     listed = _git_listing(base)
     if listed is None:
         listed = _walk_listing(base)
-    return sorted(path for path in set(listed) if _is_listable(base, path))
+    return sorted(show_path(path) for path in set(listed) if _is_listable(base, path))
 
 
 def head_commit(root: str | os.PathLike[str]) -> str | None:
     """The HEAD commit's sha when root is in a git work tree with commits, else None."""
     base = Path(root).resolve()
-    repo = _open_repo(base)
-    if repo is None:
-        return None
-    import git
-
-    with repo:
-        if _is_ignored_by(repo, base):
-            return None  # the commit would describe the enclosing repo, not these files
-        try:
-            return repo.head.commit.hexsha
-        except (ValueError, git.exc.GitError):
-            # a repository with no commits yet has a HEAD that points nowhere
+    try:
+        tree = find_work_tree(base)
+        if tree is None or tree.ignores(base):
+            # an ignored directory: the commit would describe the enclosing repo, not these files
             return None
+        out = tree.git.run("rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    except GitFailed:
+        # a repository with no commits yet has a HEAD that points nowhere
+        return None
+    return out.strip() or None
 
 
 def is_text_file(path: str | os.PathLike[str]) -> bool:
@@ -89,27 +97,28 @@ def is_text_file(path: str | os.PathLike[str]) -> bool:
 def read_text(root: str | os.PathLike[str], rel_path: str, max_bytes: int = 1_000_000) -> str:
     """A text file's content with CRLF turned into LF, so line numbers match an editor's."""
     path = confine(root, rel_path)
+    label = printable(rel_path)
     if path.exists() and not path.is_file():
         # opening a FIFO would block forever; a directory has no text
-        raise UnreadableFileError(f"not a regular file: {rel_path}")
+        raise UnreadableFileError(f"not a regular file: {label}")
     try:
         with path.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             head = handle.read(SNIFF_BYTES)
             # sniff before the size check so a big image is reported as binary, not too large
             if not _head_is_text(head):
-                raise BinaryFileError(f"not a text file: {rel_path}")
+                raise BinaryFileError(f"not a text file: {label}")
             if size > max_bytes:
-                raise FileTooLargeError(rel_path, size, max_bytes)
+                raise FileTooLargeError(label, size, max_bytes)
             data = head + handle.read(max_bytes + 1 - len(head))
     except OSError as exc:
-        raise UnreadableFileError(f"cannot read {rel_path}: {exc.strerror or exc}") from exc
+        raise UnreadableFileError(f"cannot read {label}: {exc.strerror or exc}") from exc
     if len(data) > max_bytes:  # the file grew after stat
-        raise FileTooLargeError(rel_path, len(data), max_bytes)
+        raise FileTooLargeError(label, len(data), max_bytes)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise BinaryFileError(f"not a text file: {rel_path} (not valid UTF-8)") from exc
+        raise BinaryFileError(f"not a text file: {label} (not valid UTF-8)") from exc
     return text.replace("\r\n", "\n")
 
 
@@ -124,67 +133,50 @@ def _head_is_text(head: bytes) -> bool:
     return True
 
 
+def _readings(rel_path: str) -> list[str]:
+    """The names rel_path may stand for, the unescaped one first."""
+    name = unescape(rel_path)
+    return [rel_path] if name is None or name == rel_path else [name, rel_path]
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        return os.path.lexists(path)
+    except (OSError, ValueError):
+        return False
+
+
 def _is_listable(base: Path, rel_path: str) -> bool:
     if ALWAYS_SKIPPED.intersection(rel_path.split("/")):
         return False
     try:
-        resolved = confine(base, rel_path)
+        # the name as it is on disk: a Path is never read as show_path's form
+        resolved = confine(base, Path(rel_path))
     except PathEscapeError:
         return False
     # drops deleted-but-tracked files, submodule and symlinked directories, broken links
     return resolved.is_file()
 
 
-def _open_repo(base: Path) -> git.Repo | None:
-    """The git.Repo whose work tree holds base, or None (no git, not a repo, bare repo)."""
-    try:
-        import git  # imported late: GitPython refuses to import when no git binary exists
-    except ImportError:
-        return None
-    try:
-        repo = git.Repo(base, search_parent_directories=True)
-    except (git.exc.GitError, OSError):
-        return None
-    if repo.bare or repo.working_tree_dir is None:
-        repo.close()
-        return None
-    return repo
-
-
 def _git_listing(base: Path) -> list[str] | None:
     """What git lists under base (tracked plus untracked, not ignored), or None if not a repo."""
-    repo = _open_repo(base)
-    if repo is None:
-        return None
-    import git
-
-    with repo:
-        if _is_ignored_by(repo, base):
-            # asked to read a directory its enclosing repo ignores (vendored code, a venv):
-            # git would list nothing, so read it as a plain directory
-            return None
-        try:
-            # run from base: git then lists only base's subtree, relative to it;
-            # -z keeps unusual names unquoted
-            output = git.Git(str(base)).ls_files("-z", "--cached", "--others", "--exclude-standard")
-        except git.exc.GitError:
-            # e.g. git refuses a repository owned by someone else: walk it instead
-            return None
-    return [path for path in output.split("\0") if path]
-
-
-def _is_ignored_by(repo: git.Repo, base: Path) -> bool:
-    top = Path(repo.working_tree_dir).resolve()
-    if base == top:
-        return False
-    import git
-
     try:
-        # exit status 0 means ignored, 1 not ignored; the slash marks a directory
-        repo.git.check_ignore("-q", "--", base.relative_to(top).as_posix() + "/")
-    except git.exc.GitError:
-        return False
-    return True
+        tree = find_work_tree(base)
+        if tree is None or tree.ignores(base):
+            # an ignored directory (vendored code, a venv): git would list nothing in it,
+            # so it is read as a plain directory
+            return None
+        # run from base: git then lists only base's subtree, relative to it;
+        # -z keeps unusual names unquoted
+        output = tree.git.run_bytes(
+            "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=base
+        )
+    except GitFailed:
+        # git refuses the repository (owned by someone else, or a config SafeGit cannot
+        # make safe): walk it instead, which runs nothing
+        return None
+    # os.fsdecode keeps the bytes of a name that is not UTF-8, as os.walk does
+    return [os.fsdecode(path) for path in output.split(b"\0") if path]
 
 
 def _walk_listing(base: Path) -> list[str]:
@@ -215,7 +207,17 @@ def _load_gitignore(path: Path) -> pathspec.GitIgnoreSpec | None:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    # a pattern pathspec cannot compile ("[z-a]", a lone "!" or "\") is skipped and the
+    # rest kept: git, too, reads such a file (it skips "!" and "\", and reads "[z-a]" as "[z]")
+    return pathspec.GitIgnoreSpec.from_lines([line for line in lines if _is_usable(line)])
+
+
+def _is_usable(pattern: str) -> bool:
+    try:
+        pathspec.GitIgnoreSpec.from_lines([pattern])
+    except (ValueError, re.error):  # GitIgnorePatternError is a ValueError
+        return False
+    return True
 
 
 def _is_ignored(specs: dict[str, pathspec.GitIgnoreSpec], rel_path: str, is_dir: bool) -> bool:

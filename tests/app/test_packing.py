@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import git
@@ -218,3 +219,57 @@ def test_summary_line(demo_repo: Path) -> None:
     assert summary_line(packed) == (
         f"packed 1 file ({readme:,} tokens); left out 5 files ({packed.tokens_omitted:,} tokens)"
     )
+
+
+# --- names that are not UTF-8, hostile config, unusable .gitignore lines ---
+
+
+def word_level_tokenizer():
+    """A real tokenizer: like a model's, it refuses text that holds surrogates."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0}, "[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return lambda text: len(tokenizer.encode(text).ids)
+
+
+@pytest.mark.parametrize("in_git", [True, False], ids=["git", "plain directory"])
+def test_names_that_are_not_utf8_are_packed_printable(tmp_path: Path, in_git: bool) -> None:
+    root = tmp_path / "repo"
+    write(root, os.fsdecode(b"caf\xe9.py"), "cafe = 1\n")
+    write(root, os.fsdecode(b"sub/na\xefve.md"), "# Naive\n")
+    write(root, os.fsdecode(b"latin\xe9.txt"), "caf\xe9\n".encode("latin-1"))
+    if in_git:
+        with git.Repo.init(root) as repo:
+            repo.git.add(os.fsdecode(b"caf\xe9.py"))  # tracked; the others untracked
+            # the git CLI: GitPython's index cannot read a name that is not UTF-8
+            identity = ["-c", "user.name=Test", "-c", "user.email=test@example.com"]
+            repo.git.execute(["git", *identity, "commit", "-qm", "initial"])
+
+    packed = pack_repository(root, "what is cafe?", word_level_tokenizer(), 10_000)
+
+    assert paths(packed) == ["sub/na\\xefve.md", "caf\\xe9.py"]
+    assert "=== caf\\xe9.py (1 line) ===\n1| cafe = 1\n" in packed.text
+    assert "=== sub/na\\xefve.md (1 line) ===" in packed.text
+    assert [(item.path, item.reason) for item in packed.omitted] == [("latin\\xe9.txt", "binary")]
+    packed.text.encode("utf-8")
+    assert (packed.commit is not None) == in_git
+
+
+def test_packing_runs_no_fsmonitor(demo_repo: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    with git.Repo(demo_repo) as repo, repo.config_writer() as config:
+        config.set_value("core", "fsmonitor", f"touch '{marker}'; false")
+
+    packed = pack(demo_repo)
+
+    assert sorted(paths(packed)) == sorted(FILES)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("bad", ["[z-a]", "\\", "!"])
+def test_a_plain_directory_with_gitignore_lines_git_cannot_use(tmp_path: Path, bad: str) -> None:
+    write(tmp_path, ".gitignore", f"{bad}\n*.log\n")
+    write(tmp_path, "main.py", "print('hi')\n")
+    write(tmp_path, "debug.log", "noise\n")
+
+    assert paths(pack(tmp_path)) == ["main.py", ".gitignore"]

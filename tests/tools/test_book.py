@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,16 @@ def test_moby_dick_has_135_chapters_and_an_epilogue() -> None:
         "... truncated at 1 lines; read on with start=2"
     )
     assert "chapter 1, line 3: Call me Ishmael." in search_book(path, "call me ishmael")
+
+
+def test_a_book_whose_name_is_not_utf8(tmp_path: Path) -> None:
+    path = book(tmp_path, NOVEL, os.fsdecode(b"caf\xe9.txt"))
+    assert list_chapters(path).splitlines()[0] == "caf\\xe9.txt: 4 chapters, 39 words"
+    assert read_lines(path, 16).splitlines() == [
+        "caf\\xe9.txt (lines 16-16 of 16)",
+        "  16| The end.",
+    ]
+    # a name whose escapes would name another file is still this one
+    other = book(tmp_path, "Chapter 1\n\nOther.\n", "notesA.txt")
+    assert other.exists()
+    assert "The Pequod" in read_lines(book(tmp_path, NOVEL, "notes\\x41.txt"), 13)

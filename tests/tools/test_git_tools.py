@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import git
@@ -249,3 +251,36 @@ def test_a_directory_its_repository_ignores_is_not_a_repository(repo_root: Path)
         commit(repo, "Ignore vendor", ".gitignore")
     with pytest.raises(ToolError, match="not a git repository"):
         git_log(repo_root / "vendor")
+
+
+# --- names that are not UTF-8 ---
+
+
+def test_a_name_that_is_not_utf8_reaches_every_git_tool(repo_root: Path) -> None:
+    name = os.fsdecode(b"caf\xe9.py")  # a Latin-1 name, as list_files shows it: caf\xe9.py
+    write(repo_root, name, "cafe = 1\n")
+    subprocess.run(["git", "-C", str(repo_root), "add", "--", name], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo_root), "-c", "user.name=Ada", "-c", "user.email=a@b"]
+        + ["commit", "-qm", "Add cafe"],
+        check=True,
+    )
+    write(repo_root, name, "cafe = 2\n")
+    write(repo_root, os.fsdecode(b"na\xefve.py"), "new\n")
+
+    outputs = [
+        git_log(repo_root, "caf\\xe9.py"),
+        git_show(repo_root, "HEAD", "caf\\xe9.py"),
+        git_diff(repo_root, path="caf\\xe9.py"),
+        git_diff(repo_root),
+        git_blame(repo_root, "caf\\xe9.py"),
+    ]
+
+    log, show, diff, whole_diff, blame = outputs
+    assert log.endswith("Ada: Add cafe")
+    assert show.splitlines() == ["caf\\xe9.py at HEAD (1 lines)", "   1| cafe = 1"]
+    assert "+cafe = 2" in diff
+    assert whole_diff.endswith("untracked files: na\\xefve.py")
+    assert blame.splitlines()[0] == "caf\\xe9.py (lines 1-1 of 1)"
+    for out in outputs:
+        out.encode("utf-8")  # no surrogate left for a tokenizer to choke on

@@ -74,3 +74,9 @@ def test_skips_binary_unreadable_and_huge_files_and_counts_them(root: Path, tmp_
 def test_works_in_a_plain_directory(tmp_path: Path) -> None:
     write(tmp_path / "plain", "a.txt", "alpha\nbeta\n")
     assert grep(tmp_path / "plain", "^b") == "a.txt:2: beta"
+
+
+@pytest.mark.parametrize("glob", ["[z-a].py", "!", "\\"])
+def test_an_invalid_path_glob_is_a_tool_error(root: Path, glob: str) -> None:
+    with pytest.raises(ToolError, match="invalid path_glob"):
+        grep(root, "main", path_glob=glob)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,27 @@ def test_os_errors_come_back_as_strings(repo_root: Path) -> None:
     out = run_tool(repo_root, "read_file", {"path": "a" * 300})
     assert out.startswith("error: File name too long: ")
     assert "\n" not in out
+
+
+def test_a_name_that_is_not_utf8_goes_to_the_model_printable_and_back(repo_root: Path) -> None:
+    write(repo_root, os.fsdecode(b"caf\xe9.py"), "def cafe():\n    return 1\n")
+    calls = {
+        "list_files": {},
+        "read_file": {"path": "caf\\xe9.py"},
+        "grep": {"pattern": "cafe"},
+        "outline": {"path": "caf\\xe9.py"},
+        "git_diff": {},
+        # git's own complaint names the file: it is not in HEAD
+        "git_show": {"path": "caf\\xe9.py"},
+    }
+
+    out = {name: run_tool(repo_root, name, arguments) for name, arguments in calls.items()}
+
+    assert "caf\\xe9.py" in out["list_files"].splitlines()
+    assert out["read_file"].startswith("caf\\xe9.py (lines 1-2 of 2)\n   1| def cafe():")
+    assert out["grep"].startswith("caf\\xe9.py:1: def cafe():")
+    assert out["outline"].endswith("1-2  def cafe()")
+    assert "untracked files: blob.py, caf\\xe9.py" in out["git_diff"]
+    assert out["git_show"] == "error: path 'caf\\xe9.py' exists on disk, but not in 'HEAD'"
+    for text in out.values():
+        text.encode("utf-8")  # no surrogate left for a tokenizer to choke on

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import git
@@ -277,3 +278,95 @@ def test_head_commit(tmp_path: Path, repo_root: Path) -> None:
         write(repo_root, "a.py")
         commit(repo, "a.py")
         assert head_commit(repo_root) == repo.head.commit.hexsha
+
+
+# --- names that are not UTF-8, or not printable ---
+
+# A Latin-1 "é": os.fsdecode keeps it as the surrogate "\udce9", which no tokenizer takes.
+LATIN1_NAME = os.fsdecode(b"caf\xe9.py")
+
+
+def git_cli(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("where", ["tracked", "untracked", "plain directory"])
+def test_a_name_that_is_not_utf8_is_listed_printable_and_read_back(
+    tmp_path: Path, where: str
+) -> None:
+    root = tmp_path / "repo"
+    write(root, LATIN1_NAME, "caf = 1\n")
+    write(root, "ok.py")
+    if where != "plain directory":
+        git_cli(tmp_path, "init", "-q", str(root))
+    if where == "tracked":
+        git_cli(root, "add", "-A")
+
+    listed = list_files(root)
+
+    assert listed == ["caf\\xe9.py", "ok.py"]
+    assert all(is_utf8(path) for path in listed)
+    assert read_text(root, "caf\\xe9.py") == "caf = 1\n"
+    # git's own quoting of the name, "caf\351.py", names it too
+    assert read_text(root, "caf\\351.py") == "caf = 1\n"
+
+
+def test_unusual_names_are_shown_unambiguously_and_read_back(tmp_path: Path) -> None:
+    names = {
+        "tab\there.py": "tab",
+        "back\\slash.py": "backslash",
+        "notes\\x41.txt": "literal backslash-x41",
+        "notesA.txt": "A",
+        "line\u2028sep.md": "line separator",
+    }
+    for name, content in names.items():
+        write(tmp_path, name, content + "\n")
+
+    listed = list_files(tmp_path)
+
+    assert listed == [
+        "back\\\\slash.py",
+        "line\\u2028sep.md",
+        "notesA.txt",
+        "notes\\\\x41.txt",
+        "tab\\x09here.py",
+    ]
+    assert sorted(read_text(tmp_path, path).strip() for path in listed) == sorted(names.values())
+    # the name as it is on disk still reads where the escapes name no file
+    assert read_text(tmp_path, "back\\slash.py") == "backslash\n"
+    assert read_text(tmp_path, "tab\\there.py") == "tab\n"  # as git quotes a tab
+    # ...but the escaped form wins: \x41 is "A"
+    assert read_text(tmp_path, "notes\\x41.txt") == "A\n"
+
+
+def test_messages_about_a_name_that_is_not_utf8_are_printable(tmp_path: Path) -> None:
+    write(tmp_path, LATIN1_NAME, b"\0binary")
+    with pytest.raises(BinaryFileError) as caught:
+        read_text(tmp_path, LATIN1_NAME)
+    assert str(caught.value) == "not a text file: caf\\xe9.py"
+    with pytest.raises(UnreadableFileError, match=r"cannot read nope\\xff: "):
+        read_text(tmp_path, os.fsdecode(b"nope\xff"))
+
+
+# --- .gitignore patterns git cannot use ---
+
+
+@pytest.mark.parametrize("bad", ["[z-a]", "\\", "!", "a[z-a]b"])
+def test_a_plain_directory_skips_gitignore_lines_it_cannot_use(tmp_path: Path, bad: str) -> None:
+    root = tmp_path / "plain"
+    write(root, ".gitignore", f"*.log\n{bad}\nbuild/\n")
+    write(root, "main.py")
+    write(root, "debug.log")
+    write(root, "build/out.py")
+    write(root, "ab")
+
+    # the lines around the bad one still apply, as in git
+    assert list_files(root) == [".gitignore", "ab", "main.py"]
