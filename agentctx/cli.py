@@ -89,6 +89,7 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
         raise click.UsageError("--repo takes a path, not an empty string")
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     root = _run(lambda: str(resolve_root(repo)))
+    _store().close()  # a store that cannot be opened: one line here, not a traceback in the app
     run_tui(repo=root, model=model, config=config)
 
 

@@ -115,15 +115,18 @@ def book_lines(book_path: str | os.PathLike[str]) -> list[str]:
 
 
 def _lines(book_path: str | os.PathLike[str]) -> list[str]:
-    path = Path(book_path).expanduser()
-    if not path.exists():
-        raise UnreadableFileError(f"book not found: {printable(os.fspath(book_path))}")
-    if path.is_dir():
-        raise UnreadableFileError(
-            f"a book is one text file, not a directory: {printable(os.fspath(book_path))}"
-        )
-    # the user named this file, so a symlink is followed; its own directory is the root
-    path = path.resolve()
+    shown = printable(os.fspath(book_path))
+    try:
+        path = Path(book_path).expanduser()
+        if not path.exists():
+            raise UnreadableFileError(f"book not found: {shown}")
+        if path.is_dir():
+            raise UnreadableFileError(f"a book is one text file, not a directory: {shown}")
+        # the user named this file, so a symlink is followed; its own directory is the root
+        path = path.resolve()
+    except (OSError, RuntimeError) as e:  # a name too long, ~nosuchuser
+        reason = getattr(e, "strerror", None) or e
+        raise UnreadableFileError(f"cannot read the book {shown}: {reason}") from None
     # show_path's form is what read_text reads back as exactly this name
     lines = split_lines(read_text(path.parent, show_path(path.name), max_bytes=BOOK_MAX_BYTES))
     if not any(line.strip() for line in lines):

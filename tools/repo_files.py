@@ -21,18 +21,31 @@ from tools.safe_git import GitFailed, find_work_tree
 
 # Directories that are never source, even when nobody listed them in .gitignore.
 ALWAYS_SKIPPED = frozenset({".git", ".venv", "node_modules", "__pycache__"})
+PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+# A walk stops after this many files (`/` as the root would list millions); the packer
+# then ranks and reads those.
+MAX_WALKED = 100_000
 
 # How much of a file is sniffed for NUL bytes, as git does.
 SNIFF_BYTES = 8192
 
 
 def resolve_root(path: str | os.PathLike[str]) -> Path:
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise RootError(f"repository path does not exist: {printable(os.fspath(path))}")
-    if not root.is_dir():
-        raise RootError(f"not a directory: {printable(os.fspath(path))}")
-    return root.resolve()
+    shown = printable(os.fspath(path))
+    try:
+        root = Path(path).expanduser()
+        if not root.exists():
+            raise RootError(f"repository path does not exist: {shown}")
+        if not root.is_dir():
+            raise RootError(f"not a directory: {shown}")
+        resolved = root.resolve()
+    except (OSError, RuntimeError) as e:  # a name too long, ~nosuchuser
+        reason = getattr(e, "strerror", None) or e
+        raise RootError(f"cannot use {shown} as a repository: {reason}") from None
+    if any(resolved == Path(p) or resolved.is_relative_to(p) for p in PSEUDO_ROOTS):
+        # the kernel's files: endless (/proc/kmsg blocks a reader), nothing to read about
+        raise RootError(f"{shown} is a kernel file system, not a repository")
+    return resolved
 
 
 def confine(root: str | os.PathLike[str], rel_path: str | os.PathLike[str]) -> Path:
@@ -199,7 +212,9 @@ def _walk_listing(base: Path) -> list[str]:
             rel_path = _join(rel_dir, name)
             if not _is_ignored(specs, rel_path, False):
                 found.append(rel_path)
-    return found
+        if len(found) >= MAX_WALKED:
+            break
+    return found[:MAX_WALKED]
 
 
 def _load_gitignore(path: Path) -> pathspec.GitIgnoreSpec | None:

@@ -179,9 +179,18 @@ class AgentApp(App):
         if self.busy:
             self.chat.add_line("an answer is running: wait, or press Esc to cancel", "error")
             return
+        try:
+            question.encode("utf-8")
+        except UnicodeEncodeError:
+            self.chat.add_line("the question has text that is not valid UTF-8", "error")
+            return
         history = None
         if self.session is not None:
-            history = self.sessions.history(self.session.id)  # store: main thread
+            try:
+                history = self.sessions.history(self.session.id)  # store: main thread
+            except _errors() as e:  # deleted by another agentctx, say
+                self._session_gone(e)
+                return
         self.chat.add_user(question)
         self.busy, self.streaming, self._cancel = True, False, False
         self._turn(question, history, self.session)
@@ -396,8 +405,8 @@ class AgentApp(App):
             return
         try:
             self.repo = str(resolve_root(arg))
-        except _errors() as e:
-            self.chat.add_line(str(e), "error")
+        except (OSError, RuntimeError, *_errors()) as e:  # (~nosuchuser, a name too long)
+            self.chat.add_line(f"/repo: {e}", "error")
             return
         self.kind = "repo"
         self.chat.add_line(f"new sessions read {self.repo}")
@@ -414,8 +423,8 @@ class AgentApp(App):
             return
         try:
             book_lines(arg)  # exists, one text file, not empty
-        except _errors() as e:
-            self.chat.add_line(str(e), "error")
+        except (OSError, RuntimeError, *_errors()) as e:  # (~nosuchuser, a name too long)
+            self.chat.add_line(f"/book: {e}", "error")
             return
         self.repo, self.kind = os.path.realpath(arg), "book"
         self.new_session()
@@ -445,6 +454,8 @@ class AgentApp(App):
         post(LogMessage(f"loading model {name}..."))
         try:
             engine = self.engine_factory(name)
+            if engine.tokenizer is None:
+                raise ValueError("it has no tokenizer (a dummy model, say): it cannot chat")
         except Exception as e:
             post(LogMessage(f"could not load {name}: {e}", "error"))
         else:
@@ -475,10 +486,13 @@ class AgentApp(App):
             return
         try:
             number = kinds[field_name](value)
+            window = getattr(self.engine, "max_model_len", None)
             if field_name == "max_steps":
                 if number < 0:
                     raise ValueError("steps must be 0 or more")
                 self.max_steps = number
+            elif field_name == "max_tokens" and window and number >= window:
+                raise ValueError(f"must be less than the model's {window}-token window")
             else:
                 self.params = dataclasses.replace(self.params, **{field_name: number})
         except ValueError as e:
@@ -490,7 +504,20 @@ class AgentApp(App):
         if self.session is None:
             self.chat.add_line("no context yet: the first question packs the repository")
             return
-        self.chat.add_line(self.sessions.context_summary(self.session.id), markdown=True)
+        try:
+            summary = self.sessions.context_summary(self.session.id)
+        except _errors() as e:
+            self._session_gone(e)
+            return
+        self.chat.add_line(summary, markdown=True)
+
+    def _session_gone(self, error: Exception) -> None:
+        """The current session cannot be read from the store (deleted by another agentctx,
+        say): say so and start a new one."""
+        self.es_owner = None
+        self.new_session()
+        self.chat.add_line(f"that session cannot be read any more ({error}); this is a new "
+                           "one", "error")  # fmt: skip
 
     # -- shutdown -------------------------------------------------------------------------
 

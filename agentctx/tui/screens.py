@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -22,6 +23,7 @@ from agentctx.tui.widgets import (
     ToolCallPanel,
     UserMessage,
 )
+from sessions.errors import StoreError
 
 if TYPE_CHECKING:
     from agentctx.tui.app import AgentApp
@@ -228,7 +230,9 @@ class SessionsScreen(Screen):
         table.clear()
         for s in self.app.sessions.list():
             updated = s.updated[:16].replace("T", " ")
-            table.add_row(s.id, s.name or "", updated, str(s.message_count), key=s.id)
+            # Text cells: a plain str is read as Rich markup ("[/]" in a name crashed this)
+            cells = (s.id, s.name or "", updated, str(s.message_count))
+            table.add_row(*(Text(c) for c in cells), key=s.id)
 
     def selected(self) -> str | None:
         table = self.query_one(DataTable)
@@ -252,7 +256,13 @@ class SessionsScreen(Screen):
                 self.app.rename_session(ref, name)
                 self.reload()
 
-        self.app.push_screen(RenameScreen(self.app.sessions.get(ref).name or ""), done)
+        try:
+            current = self.app.sessions.get(ref).name or ""
+        except StoreError as e:  # deleted by another agentctx, a locked store
+            self.app.notify(str(e), severity="error")
+            self.reload()
+            return
+        self.app.push_screen(RenameScreen(current), done)
 
     def action_delete(self) -> None:
         ref = self.selected()

@@ -3,6 +3,7 @@ connection belongs to the thread that opened it)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from pathlib import Path
@@ -68,10 +69,17 @@ class SessionService:
         from sessions.session_file import export_session
 
         path = Path(directory or os.getcwd()) / f"{self.store.get(ref).id}.jsonl"
+        if path.is_symlink() or path.exists() and not _is_export(path):
+            raise OSError(f"{path} exists and is not an earlier export: not replaced")
         tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fp:
-            export_session(self.store, ref, fp)
-        os.replace(tmp, path)  # never a half-written file
+        try:
+            with open(tmp, "w", encoding="utf-8") as fp:
+                export_session(self.store, ref, fp)
+            os.replace(tmp, path)  # never a half-written file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         return path
 
     def context_summary(self, session_id: str) -> str:
@@ -87,3 +95,14 @@ class SessionService:
             why = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
             lines += ["", f"**{len(m.omitted)} files omitted** ({why})"]
         return "\n".join(lines)
+
+
+def _is_export(path: Path) -> bool:
+    """Whether `path` is a regular file that starts as `sessions export` writes one."""
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(40).startswith(b'{"format": "agentctx-session"')
+    except OSError:
+        return False

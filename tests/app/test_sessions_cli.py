@@ -299,3 +299,10 @@ def test_import_of_a_special_file_is_refused(home, tmp_path):
         assert_one_line_error(
             agentctx("sessions", "import", path, timeout=30), "not a regular file"
         )
+
+
+def test_tui_with_a_store_it_cannot_open_is_one_line(home, repo):
+    db = home / "sessions.db"
+    db.write_bytes(b"not a database" * 100)
+    assert_one_line_error(agentctx("tui", "--repo", str(repo), timeout=60), "sessions.db")
+    assert db.read_bytes() == b"not a database" * 100

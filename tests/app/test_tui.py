@@ -338,3 +338,52 @@ def test_snapshot_session_list(snap_compare, tmp_path):
     assert snap_compare(
         app, terminal_size=SIZE, press=["/", "s", "e", "s", "s", "i", "o", "n", "s", "enter"]
     )
+
+
+async def test_session_names_with_markup_are_shown_as_text(engine, repo, store):
+    store.create(str(repo), "repo", "default", name="[/]")  # Rich markup: it crashed the list
+    store.create(str(repo), "repo", "default", name="[bold red]x")
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "/sessions")
+        assert isinstance(app.screen, SessionsScreen)
+        table = app.screen.query_one("DataTable")
+        names = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+        assert names == {"[/]", "[bold red]x"}
+
+
+async def test_a_session_deleted_elsewhere_starts_a_new_one(engine, repo, store, tmp_path):
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        gone = app.session.id
+        with SessionStore(store.path) as other:  # another agentctx deletes it
+            other.delete(gone)
+        await submit(pilot, "/context")
+        assert "cannot be read any more" in texts(app, LogLine)[-1] and app.session is None
+        await submit(pilot, "What does multiply do?")  # the app goes on, in a new session
+        await finish(pilot)
+        assert app.session is not None and app.session.id != gone
+
+
+async def test_export_never_replaces_a_users_file_and_odd_paths_are_refused(
+    engine, repo, store, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "hi")
+        await finish(pilot)
+        mine = tmp_path / f"{app.session.id}.jsonl"
+        mine.write_text("USER DATA\n")
+        await submit(pilot, "/export")
+        assert "not an earlier export" in texts(app, LogLine)[-1]
+        assert mine.read_text() == "USER DATA\n" and not list(tmp_path.glob(".*.tmp"))
+        for command in ("/repo ~nosuchuser_agentctx/x", "/repo /tmp/" + "a" * 300, "/repo /proc",
+                        "/book ~nosuchuser_agentctx/x", "/book /tmp/" + "b" * 300):  # fmt: skip
+            await submit(pilot, command)
+            assert texts(app, LogLine)[-1].startswith(("/repo: ", "/book: ")), command
+        await submit(pilot, "/set max_tokens 99999")
+        assert "less than the model's" in texts(app, LogLine)[-1]
+        assert app.params.max_tokens == 16

@@ -370,3 +370,24 @@ def test_a_plain_directory_skips_gitignore_lines_it_cannot_use(tmp_path: Path, b
 
     # the lines around the bad one still apply, as in git
     assert list_files(root) == [".gitignore", "ab", "main.py"]
+
+
+@pytest.mark.parametrize("path", ["/proc", "/proc/self", "/sys", "/dev"])
+def test_kernel_file_systems_are_not_repositories(path):
+    with pytest.raises(RootError, match="kernel file system"):
+        resolve_root(path)
+
+
+@pytest.mark.parametrize("path", ["~nosuchuser_agentctx/x", "/tmp/" + "a" * 300])
+def test_paths_the_os_cannot_take_are_root_errors(path):
+    with pytest.raises(RootError, match="cannot use"):
+        resolve_root(path)
+
+
+def test_a_walk_stops_after_max_walked_files(tmp_path, monkeypatch):
+    from tools import repo_files
+
+    monkeypatch.setattr(repo_files, "MAX_WALKED", 5)
+    for i in range(12):
+        (tmp_path / f"f{i:02d}.txt").write_text("x\n")
+    assert len(list_files(tmp_path)) == 5
