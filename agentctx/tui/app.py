@@ -45,6 +45,9 @@ HELP = """\
 Esc cancels an answer; the partial answer is kept."""
 
 
+STORE_WAIT_MS = 2000  # how long the UI waits for a store another agentctx is writing
+
+
 def _errors() -> tuple[type[Exception], ...]:
     from engine import EngineError
     from sessions.errors import StoreError
@@ -139,8 +142,10 @@ class AgentApp(App):
         if store is None:
             from sessions.store import SessionStore
 
-            store = SessionStore()
+            # a short wait for a store another agentctx holds: the UI thread waits on it
+            store = SessionStore(busy_timeout_ms=STORE_WAIT_MS)
         self.sessions = SessionService(store)
+        self._unsaved: tuple | None = None  # a turn the store refused (locked): kept to retry
         # a light repetition penalty: the 135M default model loops without it
         self.params = params or SamplingParams(max_tokens=400, repetition_penalty=1.1)
         self.max_steps = DEFAULT_MAX_STEPS  # tool steps a turn may take (tool-capable models)
@@ -183,6 +188,10 @@ class AgentApp(App):
             question.encode("utf-8")
         except UnicodeEncodeError:
             self.chat.add_line("the question has text that is not valid UTF-8", "error")
+            return
+        if not self._store_unsaved():
+            self.chat.add_line("the last turn is not stored yet: ask again when the session "
+                               "store is free", "error")  # fmt: skip
             return
         history = None
         if self.session is not None:
@@ -290,19 +299,35 @@ class AgentApp(App):
             self.engine = self.engine_factory(self.model)
         return self.engine
 
-    def _save(self, session, root, messages, packed, result, status):
+    def _save(self, session, root, messages, packed, result, status, kind=None):
+        kind = kind or (session.root_kind if session is not None else self.kind)
         try:
-            kind = session.root_kind if session is not None else self.kind
             self.session = self.sessions.save_turn(
                 session, root, self.model, messages, packed, result, status, kind
             )
-            result.usage["session"] = self.session.id
-            if self.es is not None and self.es_owner is None:
-                self.es_owner = self.session.id  # the new session's KV is now its own
-            return self.session
         except _errors() as e:
-            self.chat.add_line(f"could not store the turn: {e}", "error")
+            # kept: stored before the next question (ask), so the store keeps the chat's turns
+            self._unsaved = (session, root, messages, packed, result, status, kind)
+            self.chat.add_line(f"could not store the turn: {e}; it is kept, to store before "
+                               "the next question", "error")  # fmt: skip
             return None
+        self._unsaved = None
+        result.usage["session"] = self.session.id
+        if self.es is not None and self.es_owner is None:
+            self.es_owner = self.session.id  # the new session's KV is now its own
+        return self.session
+
+    def _store_unsaved(self) -> bool:
+        """Store the turn the store refused before; False while it still cannot."""
+        if self._unsaved is None:
+            return True
+        return self._save(*self._unsaved) is not None
+
+    def _drop_unsaved(self) -> None:
+        """Leaving the chat of a turn the store refused: one more try, else say it is lost."""
+        if self._unsaved is not None and not self._store_unsaved():
+            self._unsaved = None
+            self.chat.add_line("the turn that could not be stored is dropped", "error")
 
     def _idle(self) -> None:
         self.busy, self.streaming = False, False
@@ -320,6 +345,7 @@ class AgentApp(App):
         if self.busy:
             self.chat.add_line("an answer is running: wait, or press Esc to cancel", "error")
             return
+        self._drop_unsaved()
         try:
             target = self.sessions.get(ref)
             if self.session is None or target.id != self.session.id:
@@ -369,6 +395,7 @@ class AgentApp(App):
             self.notify(f"its KV snapshot was not removed: {e.strerror or e}", severity="warning")
 
     def new_session(self) -> None:
+        self._drop_unsaved()
         self._close_engine_session()
         self.session = None
         self.chat.clear()

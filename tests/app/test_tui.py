@@ -387,3 +387,29 @@ async def test_export_never_replaces_a_users_file_and_odd_paths_are_refused(
         await submit(pilot, "/set max_tokens 99999")
         assert "less than the model's" in texts(app, LogLine)[-1]
         assert app.params.max_tokens == 16
+
+
+async def test_a_turn_the_locked_store_refused_is_stored_before_the_next(engine, repo, tmp_path):
+    import sqlite3
+
+    path = tmp_path / "locked.db"
+    with SessionStore(path, busy_timeout_ms=200) as store:
+        app = make_app(engine, repo, store)
+        async with app.run_test(size=SIZE) as pilot:
+            await submit(pilot, "What does add do?")
+            await finish(pilot)
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("begin immediate")  # another agentctx writing
+            await submit(pilot, "And multiply?")
+            await finish(pilot)
+            assert "it is kept" in " ".join(texts(app, LogLine))
+            await submit(pilot, "And subtract?")  # still locked: not asked, nothing lost
+            assert "not stored yet" in texts(app, LogLine)[-1]
+            other.execute("rollback")
+            other.close()
+            await submit(pilot, "And subtract?")
+            await finish(pilot)
+            users = [m.content for m in store.messages(app.session.id) if m.role == "user"]
+            assert [u.rsplit("Question: ", 1)[-1] for u in users] == [
+                "What does add do?", "And multiply?", "And subtract?"
+            ]  # fmt: skip
