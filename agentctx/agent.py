@@ -120,18 +120,43 @@ def _split_json_objects(body: str) -> list[str]:
     return out
 
 
+def _strict_json(text: str):
+    """json.loads without NaN or Infinity (JSON has neither; a stored call holding one could
+    not be exported and imported again) and without nesting past MAX_ARG_NESTING."""
+
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    data = json.loads(text, parse_constant=refuse)
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARG_NESTING:
+            raise ValueError(f"nested more than {MAX_ARG_NESTING} deep")
+        if isinstance(value, dict):
+            stack += [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, list):
+            stack += [(v, depth + 1) for v in value]
+    return data
+
+
+MAX_ARG_NESTING = 50  # (a session file holds at most 100 levels: sessions.session_file)
+
+
 def _call_from_json(body: str) -> ToolCallRecord:
     try:
-        data = json.loads(body)
+        data = _strict_json(body)
     except json.JSONDecodeError as e:
         return ToolCallRecord("?", {}, error=f"the tool call is not valid JSON ({e.msg})")
+    except (ValueError, RecursionError) as e:  # NaN, 5,000-digit numbers, deep nesting
+        return ToolCallRecord("?", {}, error=f"the tool call is not valid JSON ({e})")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return ToolCallRecord("?", {}, error='a tool call needs a "name" string')
     args = data.get("arguments", data.get("parameters", {}))
     if isinstance(args, str):  # some models send the arguments JSON-encoded
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+            args = _strict_json(args) if args.strip() else {}
+        except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError)
             return ToolCallRecord(data["name"], {}, error="the arguments are not valid JSON")
     if args is None:
         args = {}

@@ -264,17 +264,6 @@ def _session_dict(s) -> dict:
     }  # fmt: skip
 
 
-def _finite(value):
-    """`value` with every float that is not finite replaced by None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _run(fn):
     try:
         return fn()
@@ -311,6 +300,8 @@ def sessions_show(ref: str, as_json: bool) -> None:
 
     s, msgs = _run(show)
     if as_json:
+        from sessions.session_file import finite
+
         data = _session_dict(s)  # (timings: NaN and inf, which JSON lacks, become null)
         data["messages"] = [
             {
@@ -318,7 +309,7 @@ def sessions_show(ref: str, as_json: bool) -> None:
                 "role": m.role,
                 "content": m.content,
                 "status": m.status,
-                "timings": _finite(m.timings),
+                "timings": finite(m.timings),
             }
             for m in msgs
         ]
@@ -497,6 +488,8 @@ def _not_utf8(args: list[str]) -> str | None:
 def _quiet_stdout() -> None:
     """After stdout failed (a closed pipe, a full disk): send what is left to /dev/null, so
     that Python's own flush at exit does not fail again with a traceback."""
+    if sys.stdout is None:  # (started with stdout closed)
+        return
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -510,7 +503,8 @@ def main() -> None:
         sys.exit(2)
     try:
         cli.main(standalone_mode=False)
-        sys.stdout.flush()
+        if sys.stdout is not None:
+            sys.stdout.flush()
     except BrokenPipeError:  # `agentctx sessions list | head -1`: the reader is gone
         _quiet_stdout()
         sys.exit(1)

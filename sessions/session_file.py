@@ -181,7 +181,9 @@ def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> 
             }
         )
     for record in records:
-        fp.write(json.dumps(record, ensure_ascii=False) + "\n")
+        # (NaN and inf, which a store of an older version may hold, become null: JSON has
+        # neither, and an import refuses them)
+        fp.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
     if kv_path is not None:
         size = os.path.getsize(kv_path)
         parts = max(1, -(-size // KV_PART_BYTES))
@@ -554,3 +556,14 @@ def _check_text(text: str, what: str, number: int) -> None:
         raise SessionFileError(
             f"{what} is not valid UTF-8 text (it has a lone surrogate)", number
         ) from None
+
+
+def finite(value):
+    """`value` with every float that is not finite replaced by None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value

@@ -269,3 +269,20 @@ def test_a_tool_call_stored_before_it_ran_renders_as_unfinished(tokenizer_path, 
     engine = scripted(tokenizer_path, ["ok"])
     text = engine.tokenizer.decode(engine.chat_tokens(history + [{"role": "user", "content": "?"}]))
     assert "error: the call did not finish" in text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "read_file", "arguments": {"path": "a", "start": NaN}}',
+        '{"name": "read_file", "arguments": {"path": "a", "start": Infinity}}',
+        '{"name": "read_file", "arguments": {"start": ' + "9" * 5000 + "}}",
+        '{"name": "read_file", "arguments": {"x": ' + "[" * 60 + "]" * 60 + "}}",
+        '{"name": "read_file", "arguments": "{\\"start\\": NaN}"}',
+    ],
+)
+def test_tool_calls_json_has_no_nan_huge_numbers_or_deep_nesting(body):
+    """What the model writes is stored and exported: a NaN or 60 levels of nesting would
+    make the session file one that no import takes; a 5,000-digit number made json raise."""
+    _, calls = parse_tool_calls(f"<tool_call>{body}</tool_call>", "hermes")
+    assert calls[0].error is not None and calls[0].arguments == {}

@@ -312,3 +312,9 @@ def test_checkpoint_config_that_is_not_an_object(tmp_path):
     (ckpt / "config.json").write_text("[1, 2]")
     proc = agentctx("ask", "q", "--repo", str(tmp_path), "--no-save", "--model", str(ckpt))
     assert_one_line_error(proc, "not a JSON object")
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "agentctx", "models"], stderr=subprocess.PIPE,
+                          text=True, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr

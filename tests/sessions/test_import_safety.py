@@ -363,3 +363,18 @@ def test_the_line_cap_leaves_room_for_real_lines(lines):
     assert 32 * longest_real <= session_file.MAX_LINE_CHARS
     text = _text(lines)
     assert session_file.read_session_file(io.StringIO(text)).has_kv
+
+
+def test_an_export_of_non_finite_timings_imports_again(tmp_path):
+    """A store may hold NaN (an older agentctx stored what the engine gave): the export
+    writes null for it, so the file imports."""
+    with SessionStore(tmp_path / "a.db") as src, SessionStore(tmp_path / "b.db") as dst:
+        s = src.create("/tmp/x", "repo", "default")
+        src.add_message(s.id, "user", "q")
+        src.add_message(s.id, "assistant", "a", timings={"decode_tok_s": float("nan"),
+                                                        "ttft_s": float("inf")})  # fmt: skip
+        out = io.StringIO()
+        export_session(src, s.id, out)
+        assert "NaN" not in out.getvalue() and "Infinity" not in out.getvalue()
+        got = import_session(dst, io.StringIO(out.getvalue()))
+        assert dst.messages(got.id)[-1].timings == {"decode_tok_s": None, "ttft_s": None}
