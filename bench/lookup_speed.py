@@ -15,19 +15,6 @@ import random
 import time
 
 
-def plain_scan(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:
-    n = len(tokens)
-    for size in range(min(max_ngram, n - 1), min_ngram - 1, -1):
-        suffix = tokens[n - size :]
-        for i in range(n - size - 1, -1, -1):
-            if tokens[i : i + size] == suffix:
-                out: list[int] = []
-                for j in range(i + size, i + size + k):
-                    out.append(tokens[j] if j < n else out[j - n])
-                return out
-    return []
-
-
 def best_ms(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -44,6 +31,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     from engine.spec.lookup import PromptLookup, TokenHistory
+    from engine.spec.lookup import propose_by_scan as plain_scan
 
     rng = random.Random(0)
     lookup = PromptLookup()

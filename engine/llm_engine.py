@@ -26,7 +26,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
-from engine.errors import ContextTooLongError, EngineError, ModelLoadError
+from engine.errors import CacheFullError, ContextTooLongError, EngineError, ModelLoadError
 from engine.loader import (
     build_model,
     init_dummy_weights,
@@ -211,21 +211,7 @@ class Engine:
             self.config.max_model_len or model_config.context_window, model_config.context_window
         )
         num_pages = self._num_pages()
-        if device.type == "cpu" or self.config.sparse is not None:  # the pool is host memory
-            from engine.kv_cache import KVCache, check_host_memory
-
-            # (before the block manager lists its pages: 1e14 bytes took minutes and GiBs)
-            page_bytes = KVCache.bytes_per_page(model_config, self.config.page_size, dtype)
-            check_host_memory(num_pages * page_bytes)
-        else:
-            from engine.errors import CacheFullError
-            from engine.kv_cache import KVCache
-
-            need = num_pages * KVCache.bytes_per_page(model_config, self.config.page_size, dtype)
-            total = torch.cuda.mem_get_info(device)[1]
-            if need > total:
-                raise CacheFullError(f"the KV pool needs {need / 2**30:.1f} GiB and the GPU has "
-                                     f"{total / 2**30:.1f} GiB: lower --host-kv-budget")  # fmt: skip
+        self._check_pool_size(num_pages)  # (before the block manager lists its pages)
         self.block_manager = BlockManager(
             num_pages, self.config.page_size, self.config.enable_prefix_caching
         )
@@ -298,6 +284,22 @@ class Engine:
             engine.runner.prefill_attn_dtype = torch.bfloat16
         return engine
 
+    def _check_pool_size(self, num_pages: int) -> None:
+        """CacheFullError when the KV pool cannot fit where it goes: host memory (the CPU,
+        or the host tier of a sparse GPU run), else the GPU (1e14 bytes of --host-kv-budget
+        once took minutes and GiBs in the block manager before the pool's own check)."""
+        from engine.kv_cache import KVCache, check_host_memory
+
+        need = num_pages * KVCache.bytes_per_page(self.model_config, self.config.page_size,
+                                                  self.dtype)  # fmt: skip
+        if self.device.type == "cpu" or self.config.sparse is not None:
+            check_host_memory(need)
+            return
+        total = torch.cuda.mem_get_info(self.device)[1]
+        if need > total:
+            raise CacheFullError(f"the KV pool needs {need / 2**30:.1f} GiB and the GPU has "
+                                 f"{total / 2**30:.1f} GiB: lower --host-kv-budget")  # fmt: skip
+
     def _check_gpu_tier(self, length: int) -> None:
         """CacheFullError now, not mid-answer, when the GPU tier cannot hold one decode
         step's selection of a sequence of `length` tokens."""
@@ -307,8 +309,6 @@ class Engine:
         P = self.config.page_size
         need = self.model_config.num_kv_heads * tiers.sparse.budget_pages(-(-length // P), P)
         if need > tiers.num_slots:
-            from engine.errors import CacheFullError
-
             raise CacheFullError(
                 f"the GPU KV budget holds {tiers.num_slots} pages per layer, fewer than the "
                 f"{need} a step of this {length:,}-token sequence selects: raise "

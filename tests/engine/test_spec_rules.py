@@ -62,24 +62,10 @@ def test_prompt_lookup_continues_the_latest_match():
     assert PromptLookup(min_ngram=2).propose([1, 5, 1], 2) == []  # a 1-gram is too short
 
 
-def _reference_lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The plain scan the vectorised search replaced: longest suffix first, latest earlier
-    occurrence with a continuation, continuation copied with overlap."""
-    n = len(tokens)
-    for size in range(min(max_ngram, n - 1), min_ngram - 1, -1):
-        for i in range(n - size - 1, -1, -1):
-            if tokens[i : i + size] == tokens[n - size :]:
-                out: list[int] = []
-                for j in range(i + size, i + size + k):
-                    out.append(tokens[j] if j < n else out[j - n])
-                return out
-    return []
-
-
 def test_prompt_lookup_equals_the_plain_scan_on_random_sequences():
     import random
 
-    from engine.spec.lookup import TokenHistory
+    from engine.spec.lookup import TokenHistory, propose_by_scan
 
     rng = random.Random(0)
     found = 0
@@ -89,7 +75,7 @@ def test_prompt_lookup_equals_the_plain_scan_on_random_sequences():
         lo = rng.randint(1, 3)
         hi = rng.randint(lo, 5)
         k = rng.randint(1, 8)
-        want = _reference_lookup(tokens, k, hi, lo)
+        want = propose_by_scan(tokens, k, hi, lo)
         lookup = PromptLookup(max_ngram=hi, min_ngram=lo)
         assert lookup.propose(tokens, k) == want, (tokens, k, hi, lo)
         # the same through a history that grows token by token, as a sequence's does
