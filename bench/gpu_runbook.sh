@@ -274,6 +274,38 @@ case "${1:-1}" in
         --skip-prefill-attention \
         --json "$OUT/e2e_500k_prefetch.json" > "$OUT/e2e_500k.log" 2>&1 || echo "FAILED: $?"
     tail -10 "$OUT/e2e_500k.log" ;;
+30) # the verification's per-query selection in fewer kernels (issue 7: runbook 27's profile
+    # had a k >= 1 verification launch ~75 more kernels per layer than k = 0, +8 ms at batch
+    # 1): the union in two Triton kernels (kernels/page_union.py), the synthetic draw in one
+    # (kernels/synthetic_select.py), the query lengths and budgets once per step. First the
+    # graphs' check (graph: the Triton union; eager: the torch one), then batch 1 profiled
+    timeout 150 python3 -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -6 "$OUT/verify_check.log"
+    timeout 60 python3 -m pytest -q tests/kernels/test_page_union.py tests/kernels/test_synthetic_select.py \
+        > "$OUT/kernels.log" 2>&1; tail -1 "$OUT/kernels.log"
+    timeout 200 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 2 4 8 \
+        --gpu-kv-budget 5GiB --graphs --recurring 0.86 --skip-prefill-attention --profile 25 \
+        --json "$OUT/spec_verify_b1.json" > "$OUT/spec_verify_b1.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/spec_verify_b1.log"
+    timeout 200 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --recurring 0.86 --skip-prefill-attention \
+        --json "$OUT/spec_verify_b8.json" > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b8.log" ;;
+31) # runbook 30 again with the synthetic draw over blocks of the row (it took 22 us per layer
+    # on 40 programs) and the union's compaction in chunks of 4,096 pages; the graphs' check
+    # last, with more time (it ran past 150 s in runbook 30 after k = 4)
+    timeout 60 python3 -m pytest -q tests/kernels/test_page_union.py tests/kernels/test_synthetic_select.py \
+        > "$OUT/kernels.log" 2>&1; tail -1 "$OUT/kernels.log"
+    timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 2 4 8 \
+        --gpu-kv-budget 5GiB --graphs --recurring 0.86 --skip-prefill-attention --profile 12 \
+        --json "$OUT/spec_verify_b1.json" > "$OUT/spec_verify_b1.log" 2>&1 || echo "FAILED: $?"
+    tail -7 "$OUT/spec_verify_b1.log"
+    timeout 150 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --recurring 0.86 --skip-prefill-attention \
+        --json "$OUT/spec_verify_b8.json" > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b8.log"
+    timeout 240 python3 -u -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -6 "$OUT/verify_check.log" ;;
 27) # next session first: batch-8 verification with the recurring draws for a verification's
     # later queries too (engine/kv/tiers.py _select_per_query; on the real model a k = 4
     # verification fetched 4.4x a one-token step, bench.verify_union; the H200 bench's

@@ -33,7 +33,9 @@ import torch
 from bench.e2e_sparse import model_config, prompts_for, sync
 
 
-def kernel_ms(fn, reps: int) -> float:
+def kernel_ms(fn, reps: int, top: int = 0) -> float:
+    """The summed kernel time per call of fn (ms); `top`: also print the `top` kernels by
+    time per call (us and launches per call)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync()
@@ -42,8 +44,16 @@ def kernel_ms(fn, reps: int) -> float:
             fn()
         sync()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(getattr(e, "device_time", None) or e.cuda_time for e in kernels)
-    return total / 1000 / reps
+    us = [getattr(e, "device_time", None) or e.cuda_time for e in kernels]
+    if top:
+        by_name: dict[str, list[float]] = {}
+        for e, t in zip(kernels, us, strict=True):
+            by_name.setdefault(e.name[:70], []).append(t)
+        ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+        print(f"    {len(kernels) / reps:.0f} kernels per call; top {top}:")
+        for name, ts in ranked[:top]:
+            print(f"    {sum(ts) / reps:9.1f} us {len(ts) / reps:6.1f} x  {name}")
+    return sum(us) / 1000 / reps
 
 
 def wall_ms(fn, reps: int) -> float:
@@ -80,6 +90,8 @@ def main() -> None:
     ap.add_argument("--skip-prefill-attention", action="store_true",
                     help="build the context without prefill attention (dummy weights: decode "
                     "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print each row's N most costly kernels (per verification)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
@@ -150,7 +162,10 @@ def main() -> None:
                 vspans.clear()
                 wall = wall_ms(step, args.reps)
                 span = sorted(vspans)[len(vspans) // 2] if vspans else None
-                gpu = kernel_ms(step, 3) if args.device == "cuda" else wall_ms(step, 3)
+                if args.profile:
+                    print(f"  batch {batch}, k = {k}:")
+                on_gpu = args.device == "cuda"
+                gpu = kernel_ms(step, 3, args.profile) if on_gpu else wall_ms(step, 3)
                 st1 = tiers.stats
                 fetched = (st1.fetched - st0.fetched) / (args.reps + 3)
                 row = {"context": n, "batch": batch, "k": k, "shared_fetch": shared,

@@ -60,7 +60,9 @@ from kernels.page_score import (
     select_pages,
     summary_rows,
 )
+from kernels.page_union import union_pages
 from kernels.sparse_decode import sparse_decode_attention
+from kernels.synthetic_select import synthetic_query_scores
 from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
 from kernels.uva_gather import NOT_STAGED, stage_pages
 
@@ -254,6 +256,10 @@ class TieredKV:
         self._predicted: dict[int, tuple[torch.Tensor, ...]] = {}
         self._recall_mark: torch.Tensor | None = None  # count_recall's scratch (zeros)
         self._recall_marks_old: list = []  # earlier, smaller ones (captured graphs use them)
+        self._union_bits: torch.Tensor | None = None  # a verification union's bitmap (zeros)
+        self._union_bits_old: list = []
+        self._per_query_key: tuple | None = None  # a verification's query lengths and budgets
+        self._per_query: tuple = ()
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event | None] = {}
@@ -499,9 +505,13 @@ class TieredKV:
         sp, P, Hkv = self.sparse, self.P, self.Hkv
         M = block_tables.shape[1]
         dev = q.device
-        lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=dev)).reshape(-1)
-        n_pages = (lens + P - 1) // P
-        budgets = self._budget_pages(n_pages).clamp(max=M)
+        key = (kv_lens.data_ptr(), T, M)
+        if layer == 0 or self._per_query_key != key:  # once per step: every layer's the same
+            lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=dev)).reshape(-1)
+            budgets = self._budget_pages((lens + P - 1) // P).clamp(max=M)
+            self._per_query_key = key
+            self._per_query = (lens.to(torch.int32), budgets.to(torch.int32))
+        lens, budgets = self._per_query
         if sp.synthetic is not None:
             # benchmarks: query 0 draws as a decode step would; each later query keeps 85% of
             # its pages (the step-to-step locality measured on the real model)
@@ -509,58 +519,34 @@ class TieredKV:
             first = self._synthetic_next.pop(layer, None)
             if first is None:
                 first = self._synthetic_scores(layer, block_tables)
-            scores = first.repeat_interleave(T, 0)
-            later = (torch.arange(B * T, device=dev) % T != 0)[:, None, None]
-            drop = torch.rand(scores.shape, device=dev) < 0.15
-            scores = scores - 4.0 * (drop & later).float()
+            # ... and, as a decode step's, about `synthetic_recurring` of the pages that
+            # replace the dropped ones were read at earlier steps: on the real model a k = 4
+            # verification fetched 3.8-4.4x a one-token step, about what its 5 queries would
+            # as 5 steps (bench.verify_union, docs/verify_union*.json); with those pages
+            # drawn at random, the H200 bench's fetched 11x (runbook 25)
+            seen = None
             if sp.synthetic_recurring:
-                # ... and, as a decode step's, about `synthetic_recurring` of the pages that
-                # replace the dropped ones were read at earlier steps: on the real model a
-                # k = 4 verification fetched 3.8-4.4x a one-token step, about what its 5
-                # queries would as 5 steps (bench.verify_union, docs/verify_union*.json); with those
-                # pages drawn at random, the H200 bench's fetched 11x (runbook 25)
-                seen = self._synthetic_prev(layer, B, seen=True)[..., :M].repeat_interleave(T, 0)
-                want = sp.synthetic_recurring * 0.15 * budgets.float()[:, None, None]
-                # (over the seen pages outside query 0's selection, which most of it is in)
-                free = seen.sum(-1, keepdim=True) - budgets[:, None, None]
-                p = (want / free.clamp(min=1)).clamp(max=1)
-                boost = seen & later & (torch.rand(scores.shape, device=dev) < p)
-                scores = scores + boost.float()
+                seen = self._synthetic_prev(layer, B, seen=True)
+            scores = synthetic_query_scores(first, T, budgets, seen, sp.synthetic_recurring,
+                                            self.clock, layer)  # fmt: skip
         else:
             scores = page_scores(q, self.summ[layer], block_tables, kv_lens.to(torch.int32), P,
                                  Hkv, sp.summary, per_query=True).reshape(B * T, Hkv, M)  # fmt: skip
         top = min(int(budgets.max()), M) if self.step_budget is None else min(self.step_budget, M)
-        pages, counts = select_pages(scores, lens.to(torch.int32), P, top, sp.sink_pages,
+        pages, counts = select_pages(scores, lens, P, top, sp.sink_pages,
                                      sp.window_pages, width=top, budgets=budgets)  # fmt: skip
-        # the union as a bitmap: query t adds 1 << t at each of its (distinct) pages
-        valid = torch.arange(top, device=dev)[None, None, :] < counts[..., None]
         if sp.synthetic is not None:  # the next step follows the last query (all accepted)
+            valid = torch.arange(top, device=dev)[None, None, :] < counts[..., None]
             self._synthetic_record(layer, B, pages.view(B, T, Hkv, top),
                                    valid.view(B, T, Hkv, top))  # fmt: skip
-        at = torch.where(valid, pages.long(), M).view(B, T, Hkv, top).transpose(1, 2)
-        bit = (1 << torch.arange(T, device=dev, dtype=torch.int32))[None, None, :, None]
-        bit = torch.where(valid.view(B, T, Hkv, top).transpose(1, 2), bit, 0)
-        bits = torch.zeros(B, Hkv, M + 1, dtype=torch.int32, device=dev)
-        bits.scatter_add_(-1, at.reshape(B, Hkv, -1), bit.reshape(B, Hkv, -1))
-        bits = bits[..., :M]
-        listed = bits != 0
-        n_union = listed.sum(-1, dtype=torch.int32)
-        if width is None:
-            width = max(1, int(n_union.max()))  # (a device read: eager verification)
-        else:  # a fixed width: flag a union that does not fit (its pages would be lost)
-            self.verify_overflow |= (n_union > width).any().to(torch.int32)
-        # compaction in page order: listed page i goes to column (listed pages before i)
-        col = torch.where(listed, torch.cumsum(listed, -1, dtype=torch.int32) - 1, width)
-        col = col.clamp(max=width).long()
-        out_pages = torch.zeros(B, Hkv, width + 1, dtype=torch.int32, device=dev)
-        out_pages.scatter_(
-            -1, col, torch.arange(M, device=dev, dtype=torch.int32).expand(B, Hkv, M)
-        )
-        qmask = torch.zeros(B, Hkv, width + 1, dtype=torch.int32, device=dev)
-        qmask.scatter_(-1, col, bits)
-        # (columns past a row's union read 0s: column `width` took every unlisted page)
-        pages_u, qmask = out_pages[..., :width].contiguous(), qmask[..., :width].contiguous()
-        return pages_u, n_union.clamp(max=width), qmask
+        scratch = None
+        if width is not None and dev.type == "cuda":
+            if self._union_bits is None or self._union_bits.numel() < B * Hkv * M:
+                # (a graph captured with the old bitmap still uses it: keep it alive)
+                self._union_bits_old.append(self._union_bits)
+                self._union_bits = torch.zeros(B * Hkv * M, dtype=torch.int32, device=dev)
+            scratch = self._union_bits
+        return union_pages(pages, counts, T, M, width, self.verify_overflow, scratch)
 
     def _budget_pages(self, n_pages: torch.Tensor) -> torch.Tensor:
         """SparseConfig.budget_pages for a tensor of page counts."""
