@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
-#   bash bench/gpu_runbook.sh N    (the next session: 27, 28, 29; 28 and 29 replace 26, whose
-#   rows they repeat with the split page selection)
+#   bash bench/gpu_runbook.sh N    (27-31 ran in the fifth session of 2026-11-30: results in
+#   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
