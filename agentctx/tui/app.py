@@ -32,7 +32,7 @@ HELP = """\
 **Commands**
 
 - `/new`: start a new session
-- `/sessions`: list sessions (Enter resume, r rename, d delete)
+- `/sessions`: list sessions (Enter resume, r rename, d delete after a y / n question)
 - `/repo PATH`: the repository for the next new session
 - `/book FILE`: the next new session reads that book
 - `/export`: write this session to a .jsonl file in the current directory
@@ -119,7 +119,7 @@ class AgentApp(App):
     .error { color: $error; }
     #title { padding: 0 1; height: 1; background: $panel; width: 1fr; }
     #sessions { height: 1fr; }
-    RenameScreen { align: center middle; }
+    RenameScreen, ConfirmScreen { align: center middle; }
     #dialog { width: 60; height: auto; border: round $accent; padding: 1 2; background: $surface; }
     """
 

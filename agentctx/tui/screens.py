@@ -1,4 +1,4 @@
-"""Screens: the chat, the session list and the rename dialog. Screens compose widgets and
+"""Screens: the chat, the session list, the rename dialog and the yes / no question. Screens compose widgets and
 react to messages; what they change goes through the App."""
 
 from __future__ import annotations
@@ -265,10 +265,49 @@ class SessionsScreen(Screen):
         self.app.push_screen(RenameScreen(current), done)
 
     def action_delete(self) -> None:
+        """Asks first (y deletes; n or Esc keeps it): a session's messages go for good."""
         ref = self.selected()
-        if ref is not None:
-            self.app.delete_session(ref)
+        if ref is None:
+            return
+        try:
+            s = self.app.sessions.get(ref)
+        except StoreError as e:  # deleted by another agentctx, a locked store
+            self.app.notify(str(e), severity="error")
             self.reload()
+            return
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.app.delete_session(ref)
+                self.reload()
+
+        name = f" {s.name!r}" if s.name else ""
+        self.app.push_screen(
+            ConfirmScreen(f"Delete session {s.id}{name} and its {s.message_count} messages?"),
+            done,
+        )
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes / no question: y answers yes; n and Esc answer no."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n", "answer(False)", "No"),
+        Binding("escape", "answer(False)", "No"),
+    ]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(Text(self.question))
+            yield Label("y: yes · n or Esc: no")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
 
 
 class RenameScreen(ModalScreen[str | None]):

@@ -10,7 +10,7 @@ import pytest
 from textual.widgets._collapsible import CollapsibleTitle
 
 from agentctx.tui.app import AgentApp
-from agentctx.tui.screens import ChatScreen, SessionsScreen
+from agentctx.tui.screens import ChatScreen, ConfirmScreen, SessionsScreen
 from agentctx.tui.widgets import (
     AssistantMessage,
     ContextMeter,
@@ -146,8 +146,19 @@ async def test_session_list_rename_and_delete(engine, repo, store):
         await pilot.pause()
         assert isinstance(app.screen, SessionsScreen)
         assert {s.name for s in store.list()} == {"first", "renamed"}
+        for keep in ("n", "escape"):  # asked first: n or Esc keeps the session
+            await pilot.press("d")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press(keep)
+            await pilot.pause()
+            assert isinstance(app.screen, SessionsScreen)
+            assert len(store.list()) == 2
         await pilot.press("d")
         await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert isinstance(app.screen, SessionsScreen)
         assert [s.id for s in store.list()] == [a.id]
 
 
