@@ -162,8 +162,9 @@ class _Repo:
             raise ToolError(f"unknown revision: {printable(rev)}") from None
 
     def check_ignore_revs_files(self) -> None:
-        """Refuses a blame.ignoreRevsFile outside the work tree: blame would read it and
-        quote, in its error, the first line that is no object name. No config undoes it."""
+        """Refuses a blame.ignoreRevsFile outside the root the user named (a sub-folder of
+        the work tree, maybe): blame would read it and quote, in its error, the first line
+        that is no object name. No config undoes it."""
         try:
             named = self.run_bytes("config", "-z", "--path", "--get-all", "blame.ignoreRevsFile")
         except ToolError:
@@ -173,9 +174,9 @@ class _Repo:
                 path = (self.top / name).resolve()  # git reads a relative name from the top
             except (OSError, RuntimeError):
                 path = None  # a symlink loop: nothing shows it stays inside
-            if path is None or not path.is_relative_to(self.top):
+            if path is None or not path.is_relative_to(self.base):
                 raise ToolError(
-                    f"blame.ignoreRevsFile names a file outside the repository: {printable(name)}"
+                    f"blame.ignoreRevsFile names a file outside the root: {printable(name)}"
                 )
 
     def confined(self, path: str) -> Path:

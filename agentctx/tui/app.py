@@ -39,7 +39,7 @@ HELP = """\
 - `/model NAME`: load another model
 - `/context`: what this session's context holds
 - `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
-  repeat_penalty, seed, steps (tool steps a turn may take)
+  repeat_penalty, seed (none: random again), steps (tool steps a turn may take)
 - `/help`: this list
 
 Esc cancels an answer; the partial answer is kept."""
@@ -512,6 +512,11 @@ class AgentApp(App):
             self.chat.add_line(f"/set: unknown option {key}; options: {', '.join(kinds)}", "error")
             return
         try:
+            if field_name == "seed" and value.strip().lower() in ("none", "off"):
+                number = None  # back to a fresh random seed per answer
+                self.params = dataclasses.replace(self.params, seed=None)
+                self.chat.add_line(f"{key} = none")
+                return
             number = kinds[field_name](value)
             window = getattr(self.engine, "max_model_len", None)
             if field_name == "max_steps":

@@ -258,6 +258,10 @@ async def test_set_changes_sampling_options(engine, repo, store):
         assert "could not convert" in texts(app, LogLine)[-1]
         await submit(pilot, "/set bogus 1")
         assert "unknown option bogus" in texts(app, LogLine)[-1]
+        await submit(pilot, "/set seed 7")
+        assert app.params.seed == 7
+        await submit(pilot, "/set seed none")  # back to random
+        assert app.params.seed is None and texts(app, LogLine)[-1] == "seed = none"
 
 
 async def test_resume_goes_on_with_the_sessions_model(repo, store):

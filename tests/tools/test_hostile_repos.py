@@ -136,6 +136,23 @@ def test_blame_reads_no_ignore_revs_file_outside_the_repository(
     assert "2|     return 2" in git_blame(repo_root, "app.py")
 
 
+def test_blame_in_a_sub_folder_reads_no_ignore_revs_file_outside_it(repo_root: Path) -> None:
+    write(repo_root, "pkg/mod.py", "x = 1\n")
+    write(repo_root, "notes.txt", "OUTSIDE THE SUB-FOLDER\n")
+    git(repo_root, "add", "-A")
+    git(repo_root, "commit", "-qm", "pkg")
+    git(repo_root, "config", "blame.ignoreRevsFile", "notes.txt")
+    sub = repo_root / "pkg"
+
+    with pytest.raises(ToolError, match="outside the root") as caught:
+        git_blame(sub, "mod.py")
+    assert "OUTSIDE" not in str(caught.value)
+
+    write(sub, "ignore-revs", "# nothing to ignore\n")
+    git(repo_root, "config", "--replace-all", "blame.ignoreRevsFile", "pkg/ignore-revs")
+    assert "1| x = 1" in git_blame(sub, "mod.py")
+
+
 def test_a_work_tree_configured_elsewhere_is_not_read(repo_root: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     write(outside, "secret.py", "TOKEN = 'secret'\n")
