@@ -38,7 +38,7 @@ if HAS_TRITON:
         row = BITS + (b * HKV + h).to(tl.int64) * M
         for start in range(0, K, BLOCK):
             at = start + o
-            mine = at < n
+            mine = (at < n) & (at < K)
             page = tl.load(PAGES + r.to(tl.int64) * K + at, mask=mine, other=0)
             tl.atomic_or(row + page, bit, mask=mine)
 

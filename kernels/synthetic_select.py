@@ -27,7 +27,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _synthetic_query_kernel(FIRST, SEEN, BUDGETS, OUT, CLOCK, salt, M, recurring,
+    def _synthetic_query_kernel(FIRST, SEEN, N_SEEN, BUDGETS, OUT, CLOCK, salt, M, recurring,
                                 s_sb, s_sh, T, HKV: tl.constexpr, RECURRING: tl.constexpr,
                                 BLOCK: tl.constexpr):  # fmt: skip
         r = tl.program_id(0)  # ((b * T) + t) * HKV + h
@@ -42,11 +42,8 @@ if HAS_TRITON:
         seed = tl.load(CLOCK) * 1000003 + salt
         o = tl.arange(0, BLOCK)
         p_lift = 0.0
-        if RECURRING:  # (each of the row's programs counts its seen pages: a few KB)
-            n_seen = tl.zeros([], tl.int32)
-            for start in range(0, M, BLOCK):
-                page = start + o
-                n_seen += tl.sum(tl.load(seen_row + page, mask=page < M, other=0).to(tl.int32), 0)
+        if RECURRING:
+            n_seen = tl.load(N_SEEN + b * HKV + h)
             bud = tl.load(BUDGETS + bt).to(tl.float32)
             free = tl.maximum(n_seen.to(tl.float32) - bud, 1.0)
             p_lift = tl.minimum(recurring * 0.15 * bud / free, 1.0)
@@ -102,10 +99,12 @@ def synthetic_query_scores(first: torch.Tensor, T: int, budgets: torch.Tensor,
         raise ValueError(f"seen {tuple(seen.shape)} is not [{B}, {Hkv}, >= {M}] (rows dense)")
     out = torch.empty(B * T, Hkv, M, dtype=torch.float32, device=first.device)
     seen_u8 = seen.view(torch.uint8) if lifting else out
+    # each row's count of pages read before, once (not in each of its programs)
+    n_seen = seen[..., :M].sum(-1, dtype=torch.int32).contiguous() if lifting else out
     block = 1024
     _synthetic_query_kernel[(B * T * Hkv, triton.cdiv(M, block))](
-        first.float().contiguous(), seen_u8, budgets.to(torch.int32).contiguous(), out, clock,
-        salt, M, float(recurring), seen_u8.stride(0), seen_u8.stride(1), T, HKV=Hkv,
+        first.float().contiguous(), seen_u8, n_seen, budgets.to(torch.int32).contiguous(), out,
+        clock, salt, M, float(recurring), seen_u8.stride(0), seen_u8.stride(1), T, HKV=Hkv,
         RECURRING=lifting, BLOCK=block,
     )  # fmt: skip
     return out

@@ -162,9 +162,12 @@ class _Repo:
             raise ToolError(f"unknown revision: {printable(rev)}") from None
 
     def check_ignore_revs_files(self) -> None:
-        """Refuses a blame.ignoreRevsFile outside the root the user named (a sub-folder of
-        the work tree, maybe): blame would read it and quote, in its error, the first line
-        that is no object name. No config undoes it."""
+        """Refuses a blame.ignoreRevsFile that blame could quote from outside the root the
+        user named: blame reads it and quotes, in its error, the first line that is no
+        object name (no config undoes the setting). One outside the work tree is refused;
+        one in the work tree but outside a sub-folder root (a top-level
+        .git-blame-ignore-revs, say) passes only when every line is a comment, blank or an
+        object name, so that nothing of it can show."""
         try:
             named = self.run_bytes("config", "-z", "--path", "--get-all", "blame.ignoreRevsFile")
         except ToolError:
@@ -174,7 +177,9 @@ class _Repo:
                 path = (self.top / name).resolve()  # git reads a relative name from the top
             except (OSError, RuntimeError):
                 path = None  # a symlink loop: nothing shows it stays inside
-            if path is None or not path.is_relative_to(self.base):
+            inside = path is not None and path.is_relative_to(self.base)
+            if not inside and not (path is not None and path.is_relative_to(self.top)
+                                   and _only_object_names(path)):  # fmt: skip
                 raise ToolError(
                     f"blame.ignoreRevsFile names a file outside the root: {printable(name)}"
                 )
@@ -198,6 +203,26 @@ class _Repo:
 
     def run_bytes(self, *args: str) -> bytes:
         return self.git.run_bytes(*args)
+
+
+_OBJECT_NAME = re.compile(rb"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def _only_object_names(path: Path, limit: int = 1 << 20) -> bool:
+    """Whether every line of the file is blank, a # comment or a full object name (what
+    blame reads from a blame.ignoreRevsFile without complaint); False for a file that is
+    missing, unreadable, not a regular file or over `limit` bytes."""
+    try:
+        if not path.is_file() or path.stat().st_size > limit:
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    for line in data.splitlines():
+        line = line.strip()
+        if line and not line.startswith(b"#") and not _OBJECT_NAME.fullmatch(line):
+            return False
+    return True
 
 
 def _parse_blame(porcelain: str) -> list[tuple[str, str, str, str]]:

@@ -542,6 +542,9 @@ class TieredKV:
         scratch = None
         if width is not None and dev.type == "cuda":
             if self._union_bits is None or self._union_bits.numel() < B * Hkv * M:
+                if torch.cuda.is_current_stream_capturing():  # (its zeros would not be written)
+                    raise RuntimeError("the verification's union bitmap must exist before "
+                                       "capture: run the shape eagerly first")  # fmt: skip
                 # (a graph captured with the old bitmap still uses it: keep it alive)
                 self._union_bits_old.append(self._union_bits)
                 self._union_bits = torch.zeros(B * Hkv * M, dtype=torch.int32, device=dev)
@@ -796,6 +799,7 @@ class TieredKV:
         """A new step begins; `max_len`: its longest sequence (saves a device read), or
         `budget`: the page budget itself (a CUDA graph's)."""
         self._group_selection = None
+        self._per_query_key = None  # a verification's lengths and budgets: computed afresh
         if budget is None and max_len is not None:
             budget = self.sparse.budget_pages(-(-max_len // self.P), self.P)
         self.step_budget = budget

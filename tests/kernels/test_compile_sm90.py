@@ -121,7 +121,7 @@ out["union/compact"] = build(_union_compact_kernel, {"BITS": i32, "OUT": i32, "Q
                              "CNT": i32, "OVERFLOW": i32, "M": "i32", "W": "i32"},
                              {"CH": 4096}, 8)
 out["synthetic_query"] = build(_synthetic_query_kernel, {"FIRST": "*fp32", "SEEN": "*u8",
-                               "BUDGETS": i32, "OUT": "*fp32", "CLOCK": i64, "salt": "i32",
+                               "N_SEEN": i32, "BUDGETS": i32, "OUT": "*fp32", "CLOCK": i64, "salt": "i32",
                                "M": "i32", "recurring": "fp32", "s_sb": "i32", "s_sh": "i32",
                                "T": "i32"}, {"HKV": 8, "RECURRING": True, "BLOCK": 1024}, 4)
 print(json.dumps(out))

@@ -152,6 +152,11 @@ def test_blame_in_a_sub_folder_reads_no_ignore_revs_file_outside_it(repo_root: P
     git(repo_root, "config", "--replace-all", "blame.ignoreRevsFile", "pkg/ignore-revs")
     assert "1| x = 1" in git_blame(sub, "mod.py")
 
+    # the usual top-level file of commit names: nothing of it can show, so blame runs
+    write(repo_root, ".git-blame-ignore-revs", f"# formatting\n\n{'0' * 40}\n")
+    git(repo_root, "config", "--replace-all", "blame.ignoreRevsFile", ".git-blame-ignore-revs")
+    assert "1| x = 1" in git_blame(sub, "mod.py")
+
 
 def test_a_work_tree_configured_elsewhere_is_not_read(repo_root: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
