@@ -2,7 +2,8 @@
 # The next H200 session's runs for issues 5 and 6, in the order of their value; each line is
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
 #   bash bench/gpu_runbook.sh N    (27-31 ran in the fifth session of 2026-11-30: results in
-#   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6)
+#   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6; the next
+#   session: 32)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -306,7 +307,21 @@ case "${1:-1}" in
     tail -4 "$OUT/spec_verify_b8.log"
     timeout 240 python3 -u -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
     tail -6 "$OUT/verify_check.log" ;;
-27) # next session first: batch-8 verification with the recurring draws for a verification's
+32) # the next session first (issue 7): runbook 31's batch-1 rows again, twice (its wall-time
+    # ratio at k = 4 was 1.29x and 1.36x in two runs; the synthetic draw now counts a row's
+    # seen pages once, a review's fix), then k = 4 at 500K (the per-query select's rows there
+    # are 31K pages: the split select's shape)
+    for rep in 1 2; do
+        timeout 120 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 4 \
+            --gpu-kv-budget 5GiB --graphs --recurring 0.86 --skip-prefill-attention --reps 9 \
+            --json "$OUT/spec_verify_b1_$rep.json" > "$OUT/spec_verify_b1_$rep.log" 2>&1 || echo "FAILED: $?"
+        tail -4 "$OUT/spec_verify_b1_$rep.log"
+    done
+    timeout 300 python3 -m bench.spec_verify --context 500000 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 1536MiB --graphs --recurring 0.86 --skip-prefill-attention --profile 12 \
+        --json "$OUT/spec_verify_500k.json" > "$OUT/spec_verify_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -3 "$OUT/spec_verify_500k.log" ;;
+27) # (ran in runbook 27) batch-8 verification with the recurring draws for a verification's
     # later queries too (engine/kv/tiers.py _select_per_query; on the real model a k = 4
     # verification fetched 4.4x a one-token step, bench.verify_union; the H200 bench's
     # random draws fetched 11x in runbook 25), batch 1 and 8, k = 0, 1, 2, 4 (issue 7).
