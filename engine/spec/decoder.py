@@ -36,9 +36,10 @@ class SpecConfig:
     """`mode`: "off", "lookup", "self", "lookup+self" (lookup where the context holds a
     continuation, else self), "draft:PATH" (a model the engine can load), or "auto":
     lookup+self on the CPU (1.05x no speculation on average over five questions with the
-    default model, against 1.01x lookup and 1.03x self: bench.cpu_spec_modes,
-    docs/benchmarks.md), lookup on a GPU (free when nothing matches, where a self-draft
-    runs the model eagerly). `max_k`: the longest draft; `start_k`: the first draft's length;
+    default model, against 1.01x lookup and 1.03x self, in one run of bench.cpu_spec_modes;
+    0.97x, 1.01x and 0.98x in a later one: within run-to-run noise, docs/benchmarks.md),
+    lookup on a GPU (free when nothing matches, where a self-draft runs the model
+    eagerly). `max_k`: the longest draft; `start_k`: the first draft's length;
     `adaptive`: choose each draft's length from the measured acceptance and step costs
     (AdaptiveLength), else always `start_k`; `window`/`sinks`: the ring of self and draft."""
 
