@@ -29,7 +29,7 @@ if HAS_TRITON:
     @triton.jit
     def _synthetic_query_kernel(FIRST, SEEN, N_SEEN, BUDGETS, OUT, CLOCK, salt, M, recurring,
                                 s_sb, s_sh, T, HKV: tl.constexpr, RECURRING: tl.constexpr,
-                                BLOCK: tl.constexpr):  # fmt: skip
+                                DROP_P: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
         r = tl.program_id(0)  # ((b * T) + t) * HKV + h
         h = r % HKV
         bt = r // HKV
@@ -46,12 +46,12 @@ if HAS_TRITON:
             n_seen = tl.load(N_SEEN + b * HKV + h)
             bud = tl.load(BUDGETS + bt).to(tl.float32)
             free = tl.maximum(n_seen.to(tl.float32) - bud, 1.0)
-            p_lift = tl.minimum(recurring * 0.15 * bud / free, 1.0)
+            p_lift = tl.minimum(recurring * DROP_P * bud / free, 1.0)
         page = tl.program_id(1) * BLOCK + o  # this program's block of the row
         inside = page < M
         s = tl.load(src + page, mask=inside, other=0.0)
         at = (r * M + page) * 2
-        drop = (tl.rand(seed, at) < 0.15) & later
+        drop = (tl.rand(seed, at) < DROP_P) & later
         s = tl.where(drop, s - 4.0, s)
         if RECURRING:
             seen = tl.load(seen_row + page, mask=inside, other=0) != 0
@@ -105,6 +105,6 @@ def synthetic_query_scores(first: torch.Tensor, T: int, budgets: torch.Tensor,
     _synthetic_query_kernel[(B * T * Hkv, triton.cdiv(M, block))](
         first.float().contiguous(), seen_u8, n_seen, budgets.to(torch.int32).contiguous(), out,
         clock, salt, M, float(recurring), seen_u8.stride(0), seen_u8.stride(1), T, HKV=Hkv,
-        RECURRING=lifting, BLOCK=block,
+        RECURRING=lifting, DROP_P=DROP, BLOCK=block,
     )  # fmt: skip
     return out

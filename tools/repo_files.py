@@ -42,7 +42,7 @@ def resolve_root(path: str | os.PathLike[str]) -> Path:
     except (OSError, RuntimeError) as e:  # a name too long, ~nosuchuser
         reason = getattr(e, "strerror", None) or e
         raise RootError(f"cannot use {shown} as a repository: {reason}") from None
-    if any(resolved == Path(p) or resolved.is_relative_to(p) for p in PSEUDO_ROOTS):
+    if any(resolved.is_relative_to(p) for p in PSEUDO_ROOTS):
         # the kernel's files: endless (/proc/kmsg blocks a reader), nothing to read about
         raise RootError(f"{shown} is a kernel file system, not a repository")
     return resolved

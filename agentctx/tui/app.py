@@ -513,7 +513,7 @@ class AgentApp(App):
             return
         try:
             if field_name == "seed" and value.strip().lower() in ("none", "off"):
-                number = None  # back to a fresh random seed per answer
+                # back to a fresh random seed per answer
                 self.params = dataclasses.replace(self.params, seed=None)
                 self.chat.add_line(f"{key} = none")
                 return

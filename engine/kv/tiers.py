@@ -258,8 +258,8 @@ class TieredKV:
         self._recall_marks_old: list = []  # earlier, smaller ones (captured graphs use them)
         self._union_bits: torch.Tensor | None = None  # a verification union's bitmap (zeros)
         self._union_bits_old: list = []
-        self._per_query_key: tuple | None = None  # a verification's query lengths and budgets
-        self._per_query: tuple = ()
+        # a verification's query lengths and budgets (layer 0 computes them for the step)
+        self._per_query: tuple | None = None
         self._synthetic_next: dict[int, torch.Tensor] = {}
         self._synth_prev: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: dict[int, torch.cuda.Event | None] = {}
@@ -505,11 +505,9 @@ class TieredKV:
         sp, P, Hkv = self.sparse, self.P, self.Hkv
         M = block_tables.shape[1]
         dev = q.device
-        key = (kv_lens.data_ptr(), T, M)
-        if layer == 0 or self._per_query_key != key:  # once per step: every layer's the same
+        if layer == 0 or self._per_query is None:  # once per step: every layer's the same
             lens = (kv_lens.long()[:, None] - T + 1 + torch.arange(T, device=dev)).reshape(-1)
             budgets = self._budget_pages((lens + P - 1) // P).clamp(max=M)
-            self._per_query_key = key
             self._per_query = (lens.to(torch.int32), budgets.to(torch.int32))
         lens, budgets = self._per_query
         if sp.synthetic is not None:
@@ -799,7 +797,7 @@ class TieredKV:
         """A new step begins; `max_len`: its longest sequence (saves a device read), or
         `budget`: the page budget itself (a CUDA graph's)."""
         self._group_selection = None
-        self._per_query_key = None  # a verification's lengths and budgets: computed afresh
+        self._per_query = None  # a verification's lengths and budgets: computed afresh
         if budget is None and max_len is not None:
             budget = self.sparse.budget_pages(-(-max_len // self.P), self.P)
         self.step_budget = budget

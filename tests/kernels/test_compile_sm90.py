@@ -123,7 +123,7 @@ out["union/compact"] = build(_union_compact_kernel, {"BITS": i32, "OUT": i32, "Q
 out["synthetic_query"] = build(_synthetic_query_kernel, {"FIRST": "*fp32", "SEEN": "*u8",
                                "N_SEEN": i32, "BUDGETS": i32, "OUT": "*fp32", "CLOCK": i64, "salt": "i32",
                                "M": "i32", "recurring": "fp32", "s_sb": "i32", "s_sh": "i32",
-                               "T": "i32"}, {"HKV": 8, "RECURRING": True, "BLOCK": 1024}, 4)
+                               "T": "i32"}, {"HKV": 8, "RECURRING": True, "DROP_P": 0.15, "BLOCK": 1024}, 4)
 print(json.dumps(out))
 """
 
