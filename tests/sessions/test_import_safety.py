@@ -241,7 +241,7 @@ def test_an_integer_python_will_not_read(target, lines):
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_non_finite_numbers(target, lines, literal):
     line = json.dumps({**json.loads(lines[3]), "timings": {"ttft_s": 0.0}})
-    line = line.replace("0.0", literal)
+    line = line.replace('"ttft_s": 0.0', f'"ttft_s": {literal}')  # (not a time's "50.0...")
     _refused(target, _text([*lines[:3], line, *lines[4:]]), "not a finite number", line=4)
 
 
