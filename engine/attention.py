@@ -121,60 +121,31 @@ def paged_attention(
     return _attention_per_sequence(q, k, v, kv, ctx, scale, layer)
 
 
-# The value product of CPU decode splits the keys at an anchor, the last multiple of
-# _ANCHOR below the query's position: keys before it in one product, the rest (1 to
-# _ANCHOR keys) in a second, then the two added. A verification's queries share their
-# anchor (or two, across a multiple), so their products over the long prefix run as one
-# (one read of V for all of them), and each query still gets exactly the numbers its own
-# decode step computes: a row's product does not depend on the other rows in the batch
-# (fp32 bmm; tests/engine/test_speculative.py checks it), and the split is the same.
-_ANCHOR = 128
-
-
-def _anchor(n: int) -> int:
-    return (n - 1) // _ANCHOR * _ANCHOR
-
-
 def _decode_attention_cpu(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """One query token, GQA: q [1, Hq, 1, D], k/v [Hkv, L, D] -> [1, Hq, 1, D]. Two bmm and a
-    softmax beat the CPU flash kernel for a single query (694 us vs 1015 us at 7.5K tokens);
-    the value product split at the anchor (above)."""
+    softmax beat the CPU flash kernel for a single query (694 us vs 1015 us at 7.5K tokens)."""
     hkv, L, d = k.shape
-    qg = q.reshape(hkv, -1, d)  # [Hkv, G, D]: the query heads of one KV head together
+    qg = q.reshape(hkv, -1, d).contiguous()  # [Hkv, G, D]: the query heads of one KV head
     p = torch.softmax(torch.bmm(qg, k.transpose(1, 2)).mul_(scale), dim=-1)
-    a = _anchor(L)
-    out = torch.bmm(p[..., a:].contiguous(), v[:, a:L])
-    if a:
-        out = torch.bmm(p[..., :a].contiguous(), v[:, :a]).add_(out)
-    return out.view(q.shape)
+    return torch.bmm(p, v).view(q.shape)
 
 
 def _verify_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """The T queries of a verification, q [1, Hq, T, D] at the last T of k/v's [Hkv, L, D]
-    positions, each computed exactly as _decode_attention_cpu computes it alone (greedy
-    speculation must give the tokens plain decoding gives): the scores of all T queries in
-    one product (each score is one dot product: the same value whatever the other rows),
-    per query the softmax over its own keys, then the value products of the queries that
-    share an anchor in one bmm over the keys before it (one read of V, not T) and each
-    query's own few keys after it."""
-    hkv, L, d = k.shape
-    T = q.shape[2]
-    qg = q[0].view(hkv, -1, T, d).transpose(1, 2).reshape(hkv, -1, d)  # [Hkv, T*G, D]
-    s = torch.bmm(qg, k.transpose(1, 2)).mul_(scale).view(hkv, T, -1, L)
+    positions, each computed by the single-token path over its own keys, so bit for bit as
+    its decode step computes it (greedy speculation must give the tokens plain decoding
+    gives). One product over all T queries would read K and V once, not T times, but a
+    GEMM's rows do not always sum as a one-query product's: MKL on an AVX-512 EPYC sums 4
+    or more rows in another order than 1 to 3 (in the last bits), so that is not exact on
+    every CPU (tests/engine/test_speculative.py)."""
+    T, L = q.shape[2], k.shape[1]
     out = torch.empty_like(q)
-    lens = [L - T + 1 + t for t in range(T)]
-    probs = [torch.softmax(s[:, t, :, :n].contiguous(), dim=-1) for t, n in enumerate(lens)]
-    for a in sorted({_anchor(n) for n in lens}):
-        group = [t for t, n in enumerate(lens) if _anchor(n) == a]
-        rows = [torch.bmm(probs[t][..., a:].contiguous(), v[:, a : lens[t]]) for t in group]
-        if a:
-            pre = torch.cat([probs[t][..., :a] for t in group], 1)  # [Hkv, len(group)*G, a]
-            pre = torch.bmm(pre, v[:, :a]).view(hkv, len(group), -1, d)
-            rows = [pre[:, i].add_(r) for i, r in enumerate(rows)]
-        for t, r in zip(group, rows, strict=True):
-            out[0, :, t] = r.reshape(-1, d)
+    for t in range(T):
+        n = L - T + 1 + t
+        one = q[:, :, t : t + 1].contiguous()
+        out[:, :, t : t + 1] = _decode_attention_cpu(one, k[:, :n], v[:, :n], scale)
     return out
 
 

@@ -192,8 +192,7 @@ def test_verification_attention_is_each_query_alone():
 
     g = torch.Generator().manual_seed(1)
     Hkv, G, D = 3, 3, 64
-    # queries that share one value-product anchor (L 3000), straddle one (3075; and 2946,
-    # where one query's tail is a single key), and come before the first (100)
+    # (lengths that are and are not multiples of common block sizes)
     for L, T in ((3000, 5), (3075, 9), (2946, 4), (100, 3), (6745, 2)):
         q = torch.randn(1, Hkv * G, T, D, generator=g)
         k, v = torch.randn(Hkv, L, D, generator=g), torch.randn(Hkv, L, D, generator=g)
