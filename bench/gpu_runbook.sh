@@ -3,7 +3,7 @@
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
 #   bash bench/gpu_runbook.sh N    (27-31 ran in the fifth session of 2026-11-30: results in
 #   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6; the next
-#   session: 32)
+#   session: 32; 32-34 ran in the sixth session of 2026-11-30; then 35)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -311,14 +311,64 @@ case "${1:-1}" in
     # ratio at k = 4 was 1.29x and 1.36x in two runs; the synthetic draw now counts a row's
     # seen pages once, a review's fix), then k = 4 at 500K (the per-query select's rows there
     # are 31K pages: the split select's shape)
+    # (the first with each row's kernels in GPU order, and the decode graph step's: where
+    # the verification's span exceeds its kernel time, bench/trace_gaps.py)
     for rep in 1 2; do
-        timeout 120 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 4 \
-            --gpu-kv-budget 5GiB --graphs --recurring 0.86 --skip-prefill-attention --reps 9 \
+        trace=""; [ $rep = 1 ] && trace="--trace $OUT"
+        timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 4 \
+            --gpu-kv-budget 5GiB --graphs --recurring 0.86 --skip-prefill-attention --reps 9 $trace \
             --json "$OUT/spec_verify_b1_$rep.json" > "$OUT/spec_verify_b1_$rep.log" 2>&1 || echo "FAILED: $?"
         tail -4 "$OUT/spec_verify_b1_$rep.log"
     done
+    python3 -m bench.trace_gaps "$OUT"/trace_b1_decode.json "$OUT"/trace_b1_k0.json \
+        "$OUT"/trace_b1_k4.json --top 25 > "$OUT/trace_gaps.log" 2>&1; grep "per step" "$OUT/trace_gaps.log"
     timeout 300 python3 -m bench.spec_verify --context 500000 --batches 1 --ks 0 4 \
         --gpu-kv-budget 1536MiB --graphs --recurring 0.86 --skip-prefill-attention --profile 12 \
+        --json "$OUT/spec_verify_500k.json" > "$OUT/spec_verify_500k.log" 2>&1 || echo "FAILED: $?"
+    tail -3 "$OUT/spec_verify_500k.log" ;;
+35) # (issue 7) the verification's staged block tables rewritten only past each sequence's
+    # committed pages (engine/verify_graphs.py fill_verify_staging: ~0.15 ms per 8K-page
+    # table at batch 1, 1.2 ms at batch 8 on the host before the first graph). The graphs'
+    # check first (speculative tokens with rollbacks == plain decoding), then batch 1 twice
+    # and batch 8 at 128K with 4 graphs (a cold machine's check took 233 s alone: its 200 s
+    # limit here cut it after k = 4 in the sixth session's run)
+    timeout 330 python3 -u -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -6 "$OUT/verify_check.log"
+    for rep in 1 2; do
+        timeout 130 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 4 \
+            --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+            --reps 9 --json "$OUT/spec_verify_b1_$rep.json" > "$OUT/spec_verify_b1_$rep.log" 2>&1 || echo "FAILED: $?"
+        tail -4 "$OUT/spec_verify_b1_$rep.log"
+    done
+    timeout 150 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+        --json "$OUT/spec_verify_b8.json" > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
+    tail -3 "$OUT/spec_verify_b8.log" ;;
+33) # (issue 7) each verification in 4 CUDA graphs (engine/verify_graphs.py VERIFY_CHUNKS:
+    # the GPU runs the first while the host launches the rest; runbook 32's traces showed the
+    # GPU idle ~1 ms before a 2,800-kernel graph's first kernel) and its inputs in one copy.
+    # First the graphs' check (graph against eager: logits, speculative tokens), then batch
+    # 1 at 128K with 1 and 4 graphs in the same run, twice (the first with kernel traces)
+    timeout 200 python3 -u -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/verify_check.log"
+    for rep in 1 2; do
+        trace=""; [ $rep = 1 ] && trace="--trace $OUT"
+        timeout 170 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 1 4 \
+            --gpu-kv-budget 5GiB --graphs --chunks 1 4 --recurring 0.86 --skip-prefill-attention \
+            --reps 9 $trace --json "$OUT/spec_verify_b1_$rep.json" > "$OUT/spec_verify_b1_$rep.log" 2>&1 || echo "FAILED: $?"
+        tail -7 "$OUT/spec_verify_b1_$rep.log"
+    done
+    python3 -m bench.trace_gaps "$OUT"/trace_b1_k4_c1.json "$OUT"/trace_b1_k4_c4.json --top 5 \
+        > "$OUT/trace_gaps.log" 2>&1; grep "per step" "$OUT/trace_gaps.log"
+    rm -f "$OUT"/trace_b1_k1_*.json ;;
+34) # (issue 7) batch 8 at 128K with 1 and 4 graphs; batch 1 at 500K (a 2.25 GiB GPU tier: the
+    # k = 4 union took 7,576 of 1.5 GiB's 6,144 slots per layer in runbook 32)
+    timeout 250 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --chunks 1 4 --recurring 0.86 --skip-prefill-attention \
+        --json "$OUT/spec_verify_b8.json" > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
+    tail -5 "$OUT/spec_verify_b8.log"
+    timeout 300 python3 -m bench.spec_verify --context 500000 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 2304MiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --json "$OUT/spec_verify_500k.json" > "$OUT/spec_verify_500k.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/spec_verify_500k.log" ;;
 27) # (ran in runbook 27) batch-8 verification with the recurring draws for a verification's

@@ -18,7 +18,12 @@ graph replay approaches. The single-token step in a CUDA graph is the reference.
 k+1 and page budget; each union in a fixed width), so wall time is the measure; only the
 shared fetch then.
 
-python3 -m bench.spec_verify --context 131072 [--batches 1 8] [--graphs] [--json out.json]
+`--chunks 1 4`: with --graphs, each verification captured as that many graphs, one run per
+value (engine.verify_graphs.VERIFY_CHUNKS). `--trace DIR`: each row's kernels in GPU order
+(and the decode graph step's), for `python -m bench.trace_gaps`.
+
+python3 -m bench.spec_verify --context 131072 [--batches 1 8] [--graphs [--chunks 1 4]]
+    [--trace DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -56,6 +61,32 @@ def kernel_ms(fn, reps: int, top: int = 0) -> float:
     return sum(us) / 1000 / reps
 
 
+def kernel_trace(fn, reps: int, path: str) -> None:
+    """The kernels of `reps` calls of fn, in GPU order, to `path` (JSON rows: name, start us,
+    duration us): where a step's GPU time goes between kernels (bench/trace_gaps.py)."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        sync()
+    fd, raw = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    prof.export_chrome_trace(raw)
+    with open(raw) as f:
+        events = json.load(f)["traceEvents"]
+    os.unlink(raw)
+    rows = sorted((e["name"][:80], float(e["ts"]), float(e["dur"])) for e in events
+                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))  # fmt: skip
+    rows.sort(key=lambda r: r[1])
+    with open(path, "w") as f:
+        json.dump({"reps": reps, "kernels": rows}, f)
+
+
 def wall_ms(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -82,6 +113,9 @@ def main() -> None:
     ap.add_argument(
         "--graphs", action="store_true", help="verification in CUDA graphs (engine.verify_graphs)"
     )
+    ap.add_argument("--chunks", type=int, nargs="+", default=[4],
+                    help="with --graphs: each verification in this many graphs (one run per "
+                    "value; engine.verify_graphs.VERIFY_CHUNKS)")  # fmt: skip
     ap.add_argument("--recurring", type=float, default=0.0,
                     help="share of the pages a selection does not keep that come from pages "
                     "read before (0.86 measured on the default model, docs/quality.md; 0: all "
@@ -92,10 +126,13 @@ def main() -> None:
                     "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print each row's N most costly kernels (per verification)")  # fmt: skip
+    ap.add_argument("--trace", metavar="DIR",
+                    help="write each row's kernels in GPU order (and the decode graph's) to "
+                    "DIR/trace_b{batch}_k{k}_c{chunks}.json")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
-    from engine import Engine, SamplingParams
+    from engine import Engine, SamplingParams, verify_graphs
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
     from engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -136,10 +173,18 @@ def main() -> None:
         graph_ms = (time.perf_counter() - t0) * 1000 / steps
         # the decode graph's GPU span per step (events around its replay), median
         graph_span = sorted(spans)[len(spans) // 2] if runner.use_graphs else None
+        if args.trace:
+            kernel_trace(engine.step, 2, f"{args.trace}/trace_b{batch}_decode.json")
         seqs = [r.seq for r in reqs]
         vocab = engine.model_config.vocab_size
-        for shared in (True, False) if not args.graphs else (True,):
+        modes = [(True, c) for c in args.chunks] if args.graphs else [(True, 1), (False, 1)]
+        for shared, chunks in modes:
             tiers.sparse.verify_shared_fetch = shared
+            if args.graphs:  # (captured again in `chunks` graphs)
+                verify_graphs.VERIFY_CHUNKS = chunks
+                for d in (runner.vgraphs, runner.vgraph_logits, runner.vgraph_tally):
+                    d.clear()
+                runner.vgraph_off.clear()
             for k in args.ks:
                 for s in seqs:
                     assert bm.ensure_capacity(s, len(s) + k)
@@ -147,28 +192,36 @@ def main() -> None:
                 out = SchedulerOutput([ScheduledSeq(s, k + 1, True, draft=d)
                                        for s, d in zip(seqs, drafts, strict=True)], [])  # fmt: skip
 
-                vspans = []
+                vspans, launches = [], []
 
-                def step(out=out, vspans=vspans):
+                def step(out=out, vspans=vspans, launches=launches):
                     tiers.end_step(max(len(s) + (k + 1) - 1 for s in seqs))
                     replays = runner.verify_replays
                     runner.verify(out)
                     if runner.verify_replays > replays:  # (a graph ran: its GPU span)
                         vspans.append(runner.last_verify_gpu_ms)
+                        launches.append(runner.last_verify_launch_ms)
 
                 step()
                 step()  # warm-up: compile
                 st0 = tiers.stats
                 vspans.clear()
+                launches.clear()
                 wall = wall_ms(step, args.reps)
                 span = sorted(vspans)[len(vspans) // 2] if vspans else None
+                launch = sorted(launches)[len(launches) // 2] if launches else None
                 if args.profile:
                     print(f"  batch {batch}, k = {k}:")
                 on_gpu = args.device == "cuda"
                 gpu = kernel_ms(step, 3, args.profile) if on_gpu else wall_ms(step, 3)
                 st1 = tiers.stats
+                if args.trace and on_gpu:
+                    kernel_trace(step, 2, f"{args.trace}/trace_b{batch}_k{k}_c{chunks}.json")
                 fetched = (st1.fetched - st0.fetched) / (args.reps + 3)
                 row = {"context": n, "batch": batch, "k": k, "shared_fetch": shared,
+                       "graph_chunks": chunks if args.graphs else None,
+                       # host time of the verification graphs' replay calls, median
+                       "verify_launch_ms": launch,
                        "prefetch": args.prefetch,
                        "graphs": runner.verify_graphs, "graph_replays": runner.verify_replays,
                        "graph_fallbacks": runner.verify_fallbacks,
@@ -182,15 +235,16 @@ def main() -> None:
         for r in reqs:
             r.cancelled.set()
         engine.step()
-    base = {(r["batch"], r["shared_fetch"]): r for r in rows if r["k"] == 0}
+    base = {(r["batch"], r["shared_fetch"], r["graph_chunks"]): r for r in rows if r["k"] == 0}
     print(f"\ncontext {n}, budget {args.budget:.1%}, prefetch {args.prefetch}; ratios against "
           "one token (k = 0)")  # fmt: skip
-    print(f"{'batch':>5} {'k':>2} {'fetch':>9} {'wall ms':>8} {'x':>5} {'GPU ms':>7} {'x':>5} "
+    print(f"{'batch':>5} {'k':>2} {'fetch':>9} {'graphs':>6} {'launch':>6} {'wall ms':>8} {'x':>5} {'GPU ms':>7} {'x':>5} "
           f"{'MB fetched':>10}  graph step ms  span ms  x decode span")  # fmt: skip
     for r in rows:
-        b = base[(r["batch"], r["shared_fetch"])]
+        b = base[(r["batch"], r["shared_fetch"], r["graph_chunks"])]
+        launch = f"{r['verify_launch_ms']:6.2f}" if r["verify_launch_ms"] else f"{'-':>6}"
         print(f"{r['batch']:>5} {r['k']:>2} {'union' if r['shared_fetch'] else 'per-query':>9} "
-              f"{r['wall_ms']:8.2f} {r['wall_ms'] / b['wall_ms']:5.2f} {r['gpu_kernel_ms']:7.2f} "
+              f"{r['graph_chunks'] or '-':>6} {launch} {r['wall_ms']:8.2f} {r['wall_ms'] / b['wall_ms']:5.2f} {r['gpu_kernel_ms']:7.2f} "
               f"{r['gpu_kernel_ms'] / b['gpu_kernel_ms']:5.2f} {r['fetched_mb_per_step']:10.1f}"
               f"  {r['graph_decode_ms']:13.2f}", end="")  # fmt: skip
         span, dspan = r["verify_span_ms"], r["decode_graph_span_ms"]

@@ -159,8 +159,11 @@ class CausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         # .forward directly: no hooks are used here, and nn.Module.__call__ costs a few us,
         # ~270 times per decode step, which shows on the CPU
-        for layer, kv in zip(self.layers, kv_layers, strict=True):
+        hook = ctx.layer_hook
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_layers, strict=True)):
             x, residual = layer.forward(x, residual, kv, ctx)
+            if hook is not None:
+                hook(i)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor, exact: bool = False) -> torch.Tensor:

@@ -71,10 +71,11 @@ class ModelRunner(VerifyGraphs):
             self.use_graphs and self.tiers is not None
             and os.environ.get("AGENTCTX_VERIFY_GRAPHS", "1") != "0"
         )  # fmt: skip
-        self.vgraphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        # per key, the graphs one verification replays in order (engine.verify_graphs)
+        self.vgraphs: dict[tuple[int, int, int], list[torch.cuda.CUDAGraph]] = {}
         self.vgraph_logits: dict[tuple[int, int, int], torch.Tensor] = {}
-        self.vbuf: dict[int, dict[str, torch.Tensor]] = {}  # per T: static inputs
-        self.vstage: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per T: host staging
+        self.vbuf: dict[int, dict[str, torch.Tensor]] = {}  # per T: inputs and their staging
+        self._vsaved: tuple[torch.Tensor, ...] | None = None  # (VerifyGraphs._verify_saved)
         self.vgraph_tally: dict[tuple[int, int, int], list[int]] = {}
         self.vgraph_off: set[tuple[int, int, int]] = set()
         self.verify_replays = self.verify_fallbacks = 0
@@ -82,6 +83,7 @@ class ModelRunner(VerifyGraphs):
         # graph step and the last verification graph replay, for benchmarks
         self.verify_span: tuple | None = None
         self.last_step_gpu_ms = self.last_verify_gpu_ms = 0.0
+        self.last_verify_launch_ms = 0.0  # host time of the last verification's replays
         if self.use_graphs:
             self.capture_graphs()
 
@@ -221,8 +223,13 @@ class ModelRunner(VerifyGraphs):
             and self._graph_size(len(query_lens)) is not None
             and not self._windowed(kv_lens)
         ):
-            logits = self._run_verify_graph(ids, positions, pages, offsets, kv_lens, page_lists,
-                                            query_lens[0])  # fmt: skip
+            seqs = [it.seq for it in out.scheduled]
+            # (a sequence's pages up to its last computed token stay as they are)
+            logits = self._run_verify_graph(
+                ids, positions, pages, offsets, kv_lens, page_lists, query_lens[0],
+                [s.block_table for s in seqs],
+                [-(-s.num_computed_tokens // self.page_size) for s in seqs],
+            )  # fmt: skip
             if logits is not None:
                 return logits.view(len(query_lens), query_lens[0], -1)
         if self.tiers is not None:

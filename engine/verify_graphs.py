@@ -3,34 +3,82 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from engine.step_context import StepContext
 
-_LONG_FIELDS = ("ids", "positions", "pages", "offsets")
+# pieces of one verification graph: its capture ends a graph and begins the next after
+# every `layers // VERIFY_CHUNKS` layers, so that the GPU runs the first piece while the host
+# launches the rest (a graph's launch takes the host time in proportion to its kernels:
+# ~2,800 kernels, ~1 ms on the H200's host, bench.spec_verify --trace, runbook 32)
+VERIFY_CHUNKS = 4
 
 
-def fill_verify_staging(longs: np.ndarray, ints: np.ndarray, n: int, T: int, max_pages: int,
-                        scratch: int, ids, positions, pages, offsets, kv_lens,
-                        page_lists) -> int:  # fmt: skip
-    """A verification's inputs, written with numpy into host staging (no per-element
-    Python-to-tensor conversion: 8 x 8K-page tables took ~4 ms through torch.tensor on a
-    2-core host, ~1 ms so): `longs` [4 * n * T] holds ids, positions, pages and offsets
-    (n * T each, the first B * T written); `ints` [n + n * max_pages] the B lengths, then the
-    tables (row b: sequence b's pages, then `scratch` to the end of the row). Returns the
-    widest table's length."""
-    rows = len(ids)
-    for i, values in enumerate((ids, positions, pages, offsets)):
-        longs[i * n * T : i * n * T + rows] = values
-    bs = len(kv_lens)
-    ints[:bs] = kv_lens
-    width = max(len(p) for p in page_lists)
-    tables = ints[n:].reshape(n, max_pages)
-    tables[:bs] = scratch
-    for b, p in enumerate(page_lists):
-        tables[b, : len(p)] = p
-    return width
+def verify_layout(n: int, T: int, max_pages: int) -> dict[str, tuple[int, int]]:
+    """Where each input of a verification graph (up to n sequences of T positions) lies in
+    its one int64 buffer: ids, positions, pages, offsets (n * T each), the n lengths, then
+    the n tables of max_pages."""
+    layout, at = {}, 0
+    for name, size in (("ids", n * T), ("positions", n * T), ("pages", n * T),
+                       ("offsets", n * T), ("kv_lens", n), ("tables", n * max_pages)):  # fmt: skip
+        layout[name] = (at, at + size)
+        at += size
+    return layout
+
+
+_PAD = object()  # (the owner of a padding row's table: the scratch page throughout)
+
+
+def fill_verify_staging(st: np.ndarray, n: int, T: int, max_pages: int, size: int,
+                        scratch: int, page_size: int, ids, positions, pages, offsets, kv_lens,
+                        page_lists, held: list | None = None, owners=(),
+                        stable=()) -> int:  # fmt: skip
+    """A verification's inputs, written with numpy into the host staging `st` (int64, laid
+    out by verify_layout; no per-element Python-to-tensor conversion: 8 x 8K-page tables
+    took ~4 ms through torch.tensor on a 2-core host, ~1 ms so). The B sequences' rows come
+    first; the padding rows up to the graph's `size` sequences read and write only the
+    scratch page (positions 0..T-1, length T). Returns how many leading elements the graph
+    reads (what to copy).
+
+    A table row is rewritten only from its first entry that may have changed: `held` (one
+    entry per table row of the staging, updated here) says what a row holds from the last
+    call, (owner, entries that cannot have changed since, entries written); `owners` (per
+    sequence: the list its pages come from, its block table) and `stable` (per sequence:
+    its leading entries that cannot change before the next call: the pages of its
+    committed tokens; a block table only grows and shrinks at its end, and a new one is a
+    new list) say what to keep. An 8,193-page table takes ~0.15 ms to write whole."""
+    lay = verify_layout(n, T, max_pages)
+    bs, rows = len(kv_lens), len(ids)
+    pad_pos = np.arange(n * T) % T
+    for name, values, pad in (("ids", ids, 0), ("positions", positions, pad_pos),
+                              ("pages", pages, scratch),
+                              ("offsets", offsets, pad_pos % page_size)):  # fmt: skip
+        a, b = lay[name]
+        st[a:b] = pad
+        st[a : a + rows] = values
+    a, b = lay["kv_lens"]
+    st[a:b] = T
+    st[a : a + bs] = kv_lens
+    a = lay["tables"][0]
+    tables = st[a : a + size * max_pages].reshape(size, max_pages)
+    for i in range(size):
+        p = page_lists[i] if i < bs else ()
+        owner = (owners[i] if i < len(owners) else None) if i < bs else _PAD
+        last = held[i] if held is not None else None
+        if owner is not None and last is not None and last[0] is owner:
+            keep, written = min(last[1], len(p)), last[2]
+        else:
+            keep, written = 0, max_pages
+        tables[i, keep : len(p)] = p[keep:]
+        if written > len(p):
+            tables[i, len(p) : written] = scratch
+        if held is not None:
+            mine = min(stable[i], len(p)) if owner is not None and i < bs else 0
+            held[i] = (owner, mine, len(p))
+    return a + size * max_pages
 
 
 class VerifyGraphs:
@@ -48,22 +96,46 @@ class VerifyGraphs:
     same key overwrites them (the decoder reads them at once)."""
 
     def _verify_inputs(self, T: int) -> dict[str, torch.Tensor]:
+        """The static inputs of the verification graphs of T positions: views of one int64
+        device buffer ("meta"), filled by one copy from its pinned staging ("staging")."""
         if T not in self.vbuf:
             n = max(self.graph_sizes)
-            dev, long = self.device, torch.long
-            self.vbuf[T] = {
-                "ids": torch.zeros(n * T, dtype=long, device=dev),
-                "positions": torch.zeros(n * T, dtype=long, device=dev),
-                "pages": torch.full((n * T,), self.scratch_page, dtype=long, device=dev),
-                "offsets": torch.zeros(n * T, dtype=long, device=dev),
-                "kv_lens": torch.full((n,), T, dtype=torch.int32, device=dev),
-                "tables": torch.full(
-                    (n, self.max_pages), self.scratch_page, dtype=torch.int32, device=dev
-                ),  # fmt: skip
-            }
+            lay = verify_layout(n, T, self.max_pages)
+            total = lay["tables"][1]
+            meta = torch.zeros(total, dtype=torch.long, device=self.device)
+            b = {name: meta[a:e] for name, (a, e) in lay.items()}
+            b["tables"] = b["tables"].view(n, self.max_pages)
+            b["meta"] = meta
+            b["staging"] = torch.zeros(total, dtype=torch.long).pin_memory()
+            b["held"] = [None] * n  # what each staged table row holds (fill_verify_staging)
+            self.vbuf[T] = b
         return self.vbuf[T]
 
-    def _verify_forward(self, size: int, T: int) -> torch.Tensor:
+    def _verify_counters(self) -> tuple[torch.Tensor, ...]:
+        """The tiered cache's counters that a verification graph adds to."""
+        t = self.tiers
+        return t._acc, t.recall_by_layer, t.clock
+
+    def _verify_saved(self) -> tuple[torch.Tensor, ...]:
+        """Their copies, which each verification graph writes first (a replay whose union
+        overflows takes its counts back from them)."""
+        if self._vsaved is None:
+            self._vsaved = tuple(c.clone() for c in self._verify_counters())
+        return self._vsaved
+
+    def _stage_verify_inputs(self, T: int, size: int, ids=(), positions=(), pages=(),
+                             offsets=(), kv_lens=(), page_lists=(), owners=(),
+                             stable=()):  # fmt: skip
+        """Write a verification's inputs (none: all padding) into the staging of T; returns
+        the copy that sends what the graph of `size` sequences reads, in one transfer."""
+        b = self._verify_inputs(T)
+        used = fill_verify_staging(b["staging"].numpy(), max(self.graph_sizes), T,
+                                   self.max_pages, size, self.scratch_page, self.page_size,
+                                   ids, positions, pages, offsets, kv_lens, page_lists,
+                                   b["held"], owners, stable)  # fmt: skip
+        return lambda: b["meta"][:used].copy_(b["staging"][:used], non_blocking=True)
+
+    def _verify_forward(self, size: int, T: int, hook=None) -> torch.Tensor:
         b = self._verify_inputs(T)
         rows = size * T
         ctx = StepContext(
@@ -71,41 +143,63 @@ class VerifyGraphs:
             slot_offsets=b["offsets"][:rows], decode_only=True, verify=True,
         )  # fmt: skip
         ctx.tiers = self.tiers
-        ctx.tier_tables = b["tables"][:size]
-        ctx.tier_lens = b["kv_lens"][:size]
+        ctx.tier_tables = b["tables"][:size].to(torch.int32)
+        ctx.tier_lens = b["kv_lens"][:size].to(torch.int32)
         ctx.cos, ctx.sin = self.rope(b["positions"][:rows])
+        ctx.layer_hook = hook
         hidden = self.model(b["ids"][:rows], self.kv.layers, ctx)
         return self.model.compute_logits(hidden)
 
-    def _pad_verify_inputs(self, T: int) -> None:
-        b = self._verify_inputs(T)
-        b["positions"].copy_(torch.arange(b["positions"].numel(), device=self.device) % T)
-        b["pages"].fill_(self.scratch_page)
-        b["offsets"].copy_(b["positions"] % self.page_size)
-        b["kv_lens"].fill_(T)
-        b["tables"].fill_(self.scratch_page)
-
     def _capture_verify(self, key: tuple[int, int, int]) -> bool:
-        """Capture the key's graph; False where the GPU tier cannot hold its width."""
+        """Capture the key's graphs; False where the GPU tier cannot hold its width. The
+        forward is captured in up to VERIFY_CHUNKS graphs, split between layers where no
+        prefetch is in flight on the side stream (a capture must end joined); they share
+        the memory pool, and are replayed in order, one after the other."""
         size, T, budget, _ = key  # (prefetching or not: read at capture)
         tiers = self.tiers
         width = tiers.verify_width_for(size, T, budget, self.max_pages)
         if width is None:
             return False
         saved = tiers._acc.clone(), tiers.clock.clone()
-        self._pad_verify_inputs(T)
+        self._verify_saved()  # (made before the capture, not in its pool)
+        self._stage_verify_inputs(T, size)()
         tiers.end_step(budget=budget)
         tiers.verify_width = width
         tiers.defer_summaries = True
+        layers = len(self.kv.layers)
+        every = max(1, -(-layers // VERIFY_CHUNKS))
+        graphs: list[torch.cuda.CUDAGraph] = []
+
+        def split(layer: int) -> None:  # (after `layer`: end this graph, begin the next)
+            if (layer + 1) % every or layer + 1 >= layers:
+                return
+            if any(e is not None for e in tiers._pending.values()):
+                return  # (a prefetch forked for the next layer: not a place to cut)
+            graphs[-1].capture_end()
+            self.graph_pool = graphs[-1].pool()
+            graphs.append(torch.cuda.CUDAGraph())
+            graphs[-1].capture_begin(pool=self.graph_pool)
+
         try:
             self._verify_forward(size, T)  # warm-up: kernels compile and tune
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.graph_pool):
-                tiers.verify_overflow.zero_()
-                self.vgraph_logits[key] = self._verify_forward(size, T)
-            self.graph_pool = graph.pool()
-            self.vgraphs[key] = graph
+            stream = torch.cuda.Stream(self.device)  # (a capture needs a side stream)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                graphs.append(torch.cuda.CUDAGraph())
+                graphs[-1].capture_begin(pool=self.graph_pool)
+                try:
+                    # the counters as they were, for a replay whose union overflows
+                    for mine, theirs in zip(self._verify_saved(), self._verify_counters(),
+                                            strict=True):  # fmt: skip
+                        mine.copy_(theirs)
+                    tiers.verify_overflow.zero_()
+                    self.vgraph_logits[key] = self._verify_forward(size, T, split)
+                finally:
+                    graphs[-1].capture_end()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.graph_pool = graphs[-1].pool()
+            self.vgraphs[key] = graphs
         finally:
             tiers.defer_summaries = False
             tiers.verify_width = None
@@ -115,9 +209,12 @@ class VerifyGraphs:
         torch.cuda.synchronize()
         return True
 
-    def _run_verify_graph(self, ids, positions, pages, offsets, kv_lens, page_lists, T):
-        """The verification's logits [B * T, V] from a graph, or None when a sequence's
-        union did not fit the graph's width (the caller verifies eagerly)."""
+    def _run_verify_graph(self, ids, positions, pages, offsets, kv_lens, page_lists, T,
+                          owners=(), stable=()):  # fmt: skip
+        """The verification's logits [B * T, V] from the graphs, or None when a sequence's
+        union did not fit the graphs' width (the caller verifies eagerly). `owners`,
+        `stable`: each sequence's block table and its pages that cannot change before the
+        next verification (fill_verify_staging)."""
         bs = len(kv_lens)
         size = self._graph_size(bs)
         key = (
@@ -132,38 +229,27 @@ class VerifyGraphs:
         if key not in self.vgraphs and not self._capture_verify(key):
             self.vgraph_off.add(key)
             return None
-        b = self._verify_inputs(T)
-        rows, n = bs * T, max(self.graph_sizes)
-        self._pad_verify_inputs(T)
-        # host staging (pinned, one per T; reused once the replay below is known done)
-        if T not in self.vstage:
-            self.vstage[T] = (torch.zeros(4 * n * T, dtype=torch.long).pin_memory(),
-                              torch.zeros(n + n * self.max_pages, dtype=torch.int32).pin_memory())  # fmt: skip
-        longs, ints = self.vstage[T]
         if self.verify_span is None:
             self.verify_span = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
-        fill_verify_staging(longs.numpy(), ints.numpy(), n, T, self.max_pages,
-                            self.scratch_page, ids, positions, pages, offsets, kv_lens,
-                            page_lists)  # fmt: skip
-        self.verify_span[0].record()  # the step's GPU span: its input copies and replay
-        for i, name in enumerate(_LONG_FIELDS):
-            b[name][:rows].copy_(longs[i * n * T : i * n * T + rows], non_blocking=True)
-        b["kv_lens"][:bs].copy_(ints[:bs], non_blocking=True)
-        b["tables"][:bs].copy_(ints[n : n + bs * self.max_pages].view(bs, self.max_pages),
-                               non_blocking=True)  # fmt: skip
+        # (the staging is free: the last replay's overflow flag was read, below)
+        send = self._stage_verify_inputs(T, size, ids, positions, pages, offsets, kv_lens,
+                                         page_lists, owners, stable)  # fmt: skip
+        self.verify_span[0].record()  # the step's GPU span: its input copy and replays
+        send()
         tiers = self.tiers
-        saved = tiers._acc.clone(), tiers.recall_by_layer.clone(), tiers.clock.clone()
-        self.vgraphs[key].replay()
+        t0 = time.perf_counter()
+        for graph in self.vgraphs[key]:
+            graph.replay()
+        self.last_verify_launch_ms = 1000 * (time.perf_counter() - t0)
         self.verify_span[1].record()
-        # (this read waits for the replay, and so for the staging's copies before it)
+        # (this read waits for the replays)
         if int(tiers.verify_overflow):  # a union did not fit: verify eagerly, counted once
-            tiers._acc.copy_(saved[0])
-            tiers.recall_by_layer.copy_(saved[1])
-            tiers.clock.copy_(saved[2])
+            for mine, theirs in zip(self._verify_saved(), self._verify_counters(), strict=True):
+                theirs.copy_(mine)
             self.verify_fallbacks += 1
             tally[1] += 1
             return None
         self.verify_replays += 1
         tally[0] += 1
         self.last_verify_gpu_ms = self.verify_span[0].elapsed_time(self.verify_span[1])
-        return self.vgraph_logits[key][:rows]
+        return self.vgraph_logits[key][: bs * T]

@@ -272,24 +272,98 @@ def test_auto_on_the_cpu_is_lookup_where_it_matches_else_self(checkpoint):
 def test_verify_staging_matches_the_list_tables():
     """The verification graph's inputs written with numpy (engine.verify_graphs) are the
     lists the eager path builds: each field's first B * T rows, the lengths, and each
-    table padded with the scratch page to the end of its row."""
+    table padded with the scratch page to the end of its row; the padding rows (up to n
+    sequences, tables up to the graph's `size`) read and write the scratch page only."""
     import numpy as np
 
-    from engine.verify_graphs import fill_verify_staging
+    from engine.verify_graphs import fill_verify_staging, verify_layout
 
-    n, T, max_pages, scratch = 4, 3, 10, 99
-    longs = np.full(4 * n * T, -7, dtype=np.int64)
-    ints = np.full(n + n * max_pages, -7, dtype=np.int32)
-    ids, positions = [5, 6, 7, 8, 9, 10], [20, 21, 22, 40, 41, 42]
-    pages, offsets = [1, 1, 2, 3, 3, 3], [4, 5, 0, 8, 9, 10]
-    kv_lens, page_lists = [23, 43], [[1, 2], [0, 3, 4, 5]]
-    width = fill_verify_staging(longs, ints, n, T, max_pages, scratch, ids, positions, pages,
-                                offsets, kv_lens, page_lists)  # fmt: skip
-    assert width == 4
-    for i, values in enumerate((ids, positions, pages, offsets)):
-        assert longs[i * n * T : i * n * T + 6].tolist() == values
-        assert (longs[i * n * T + 6 : (i + 1) * n * T] == -7).all()  # padding rows untouched
-    assert ints[:2].tolist() == kv_lens
-    tables = ints[n:].reshape(n, max_pages)
+    n, T, max_pages, size, scratch, P = 4, 3, 10, 2, 99, 16
+    lay = verify_layout(n, T, max_pages)
+    st = np.full(lay["tables"][1], -7, dtype=np.int64)
+    ids, positions = [5, 6, 7], [20, 21, 22]
+    pages, offsets = [1, 1, 2], [4, 5, 0]
+    kv_lens, page_lists = [23], [[1, 2]]
+    used = fill_verify_staging(st, n, T, max_pages, size, scratch, P, ids, positions, pages,
+                               offsets, kv_lens, page_lists)  # fmt: skip
+    assert used == lay["tables"][0] + size * max_pages
+    pad_pos = [t for _ in range(n - 1) for t in range(T)]
+    want = {"ids": ids + [0] * 9, "positions": positions + pad_pos,
+            "pages": pages + [scratch] * 9, "offsets": offsets + [p % P for p in pad_pos],
+            "kv_lens": kv_lens + [T] * 3}  # fmt: skip
+    for name, values in want.items():
+        a, b = lay[name]
+        assert st[a:b].tolist() == values, name
+    a = lay["tables"][0]
+    tables = st[a:].reshape(n, max_pages)
     assert tables[0].tolist() == [1, 2] + [scratch] * 8
-    assert tables[1].tolist() == [0, 3, 4, 5] + [scratch] * 6
+    assert tables[1].tolist() == [scratch] * max_pages  # a padding sequence of the graph
+    assert (tables[2:] == -7).all()  # past the graph's rows: not written, not copied
+
+
+def test_a_layer_hook_sees_each_layer_in_order_and_changes_nothing(checkpoint, monkeypatch):
+    """StepContext.layer_hook (where a verification's graph capture splits, engine.
+    verify_graphs) is called after every layer in order and leaves the outputs as they are."""
+    from engine.model import CausalLM
+
+    want = [c.token_ids for c in load_engine(checkpoint).generate(prompts()[:2], PARAMS)]
+    seen: list[list[int]] = []
+    forward = CausalLM.forward
+
+    def hooked(self, input_ids, kv_layers, ctx):
+        seen.append([])
+        ctx.layer_hook = seen[-1].append
+        return forward(self, input_ids, kv_layers, ctx)
+
+    monkeypatch.setattr(CausalLM, "forward", hooked)
+    got = [c.token_ids for c in load_engine(checkpoint).generate(prompts()[:2], PARAMS)]
+    assert got == want
+    assert seen and all(layers == [0, 1] for layers in seen)
+
+
+def test_verify_staging_rewrites_only_what_may_have_changed():
+    """With `held`, a staged table row is rewritten from the first entry that may differ
+    (a block table grows and shrinks at its end only; a new one is a new list); after each
+    of 300 random steps (growth, rollback trims, a sequence replaced, rows turning into
+    padding and back, graphs of 2 and 4 sequences) the staging equals a fresh fill."""
+    import random
+
+    import numpy as np
+
+    from engine.verify_graphs import fill_verify_staging, verify_layout
+
+    rng = random.Random(0)
+    n, T, max_pages, scratch, P = 4, 2, 40, 999, 4
+    lay = verify_layout(n, T, max_pages)
+    st = np.zeros(lay["tables"][1], dtype=np.int64)
+    held = [None] * n
+    seqs = [{"table": [], "computed": 0} for _ in range(n)]
+    next_page = iter(range(10**6))
+    kept = 0
+    for _ in range(300):
+        bs = rng.randint(1, n)
+        size = 2 if bs <= 2 and rng.random() < 0.5 else 4
+        for s in seqs[:bs]:
+            r = rng.random()
+            if r < 0.1 or not s["table"]:  # a new sequence in this row (a new list)
+                s["table"] = [next(next_page) for _ in range(rng.randint(1, 8))]
+                s["computed"] = rng.randint(1, len(s["table"]) * P)
+            else:  # tokens accepted; the rest rolled back (the table shrinks to them)
+                s["computed"] = min(s["computed"] + rng.randint(0, 6), len(s["table"]) * P)
+                if r < 0.6:
+                    del s["table"][-(-s["computed"] // P) :]
+                if r > 0.3:  # room for the next draft (fresh pages: other ids)
+                    want = -(-(s["computed"] + rng.randint(1, 9)) // P)
+                    s["table"].extend(next(next_page) for _ in range(want - len(s["table"])))
+            s["table"][:] = s["table"][:max_pages]
+        lists = [s["table"][:] for s in seqs[:bs]]
+        args = ([0] * bs * T, [0] * bs * T, [0] * bs * T, [0] * bs * T, [P] * bs, lists)
+        kept += sum(h is not None and h[1] > 0 for h in held)
+        fill_verify_staging(st, n, T, max_pages, size, scratch, P, *args, held,
+                            [s["table"] for s in seqs[:bs]],
+                            [-(-s["computed"] // P) for s in seqs[:bs]])  # fmt: skip
+        fresh = np.full_like(st, -1)
+        fill_verify_staging(fresh, n, T, max_pages, size, scratch, P, *args)
+        end = lay["tables"][0] + size * max_pages
+        assert (st[:end] == fresh[:end]).all()
+    assert kept > 300  # (rows did keep entries from an earlier call)
