@@ -19,7 +19,7 @@ def kv_options(f):
         help="Speculative decoding: off, lookup (drafts copied from the context), self (the "
         "model drafts over a window of its own KV), lookup+self (lookup where the context "
         "holds a continuation, else self), draft:PATH (a small model of the same tokenizer), "
-        "or auto (lookup+self on the CPU, lookup on a GPU). Greedy output is unchanged.",
+        "or auto (lookup). Greedy output is unchanged.",
     )(f)
     f = click.option(
         "--forecast",

@@ -35,11 +35,12 @@ MODES = ("off", "auto", "lookup", "self", "lookup+self", "draft:PATH")
 class SpecConfig:
     """`mode`: "off", "lookup", "self", "lookup+self" (lookup where the context holds a
     continuation, else self), "draft:PATH" (a model the engine can load), or "auto":
-    lookup+self on the CPU (1.05x no speculation on average over five questions with the
-    default model, against 1.01x lookup and 1.03x self, in one run of bench.cpu_spec_modes;
-    0.97x, 1.01x and 0.98x in a later one: within run-to-run noise, docs/benchmarks.md),
-    lookup on a GPU (free when nothing matches, where a self-draft runs the model
-    eagerly). `max_k`: the longest draft; `start_k`: the first draft's length;
+    lookup (free when nothing matches; it pays where the answer quotes the context). On the
+    CPU a verification's queries now each run their own attention (exact on every CPU), so
+    a self-draft costs more than it saves there: with the default model on the repository
+    and book questions (bench.cpu_spec, docs/benchmarks.md) lookup 0.98x / 0.95x no
+    speculation, self 0.76x / 0.73x, lookup+self 0.69x / 0.90x. On a GPU a self-draft
+    runs the model eagerly. `max_k`: the longest draft; `start_k`: the first draft's length;
     `adaptive`: choose each draft's length from the measured acceptance and step costs
     (AdaptiveLength), else always `start_k`; `window`/`sinks`: the ring of self and draft."""
 
@@ -86,7 +87,7 @@ def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
     if mode == "off":
         return None
     if mode == "auto":
-        mode = "lookup+self" if engine.device.type == "cpu" else "lookup"
+        mode = "lookup"
     if mode == "lookup":
         return LookupProposer()
     runner = engine.runner

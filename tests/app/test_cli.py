@@ -205,9 +205,8 @@ def test_bad_kv_options_are_usage_errors(args, needle):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_speculation_reports_its_acceptance(small_repo):
-    """The default (auto: on the CPU, prompt lookup where the context continues, else
-    self-drafts) drafts from the packed files when the answer quotes them; the usage record
-    says how many tokens each verification gave."""
+    """The default (auto: prompt lookup) drafts from the packed files when the answer
+    quotes them; the usage record says how many tokens each verification gave."""
     result = agentctx(
         "ask", "Print the file calc.py exactly as it is.", "--repo", str(small_repo), "--no-save",
         "--max-tokens", "40", "--json", "--weights", "dense",

@@ -243,14 +243,15 @@ def test_fixed_union_width_is_exact_or_flags_overflow(checkpoint):
             assert torch.equal(got, eager)
 
 
-def test_auto_on_the_cpu_is_lookup_where_it_matches_else_self(checkpoint):
-    """`auto` on the CPU: the context's own continuation where the last tokens occurred
-    before (free), the model's own window draft where they did not."""
+def test_lookup_and_self_is_lookup_where_it_matches_else_self(checkpoint):
+    """`lookup+self`: the context's own continuation where the last tokens occurred before
+    (free), the model's own window draft where they did not. (`auto` is lookup alone.)"""
     from engine.spec.decoder import make_proposer
     from engine.spec.proposers import LookupOrSelf, LookupProposer
 
     engine = load_engine(checkpoint)
-    proposer = make_proposer(SpecConfig("auto"), engine)
+    assert type(make_proposer(SpecConfig("auto"), engine)) is LookupProposer
+    proposer = make_proposer(SpecConfig("lookup+self"), engine)
     assert isinstance(proposer, LookupOrSelf)
     reqs = [engine.add_request(p, SamplingParams(max_tokens=36, ignore_eos=True))
             for p in prompts()[:2]]  # fmt: skip

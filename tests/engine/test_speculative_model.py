@@ -77,7 +77,7 @@ def test_lookup_gives_the_greedy_tokens_in_the_default_4bit_mode():
         expected.append(engine.generate([p], params)[0].token_ids)
     from engine.spec.decoder import SpecDecoder, make_proposer
 
-    for mode in ("lookup", "self", "auto"):  # auto: lookup+self on the CPU
+    for mode in ("lookup", "self", "lookup+self"):
         cfg = SpecConfig(mode, adaptive=False)
         engine.spec = SpecDecoder(engine, cfg, make_proposer(cfg, engine))
         for p, want in zip(batch, expected, strict=True):
