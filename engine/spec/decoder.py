@@ -37,10 +37,11 @@ class SpecConfig:
     continuation, else self), "draft:PATH" (a model the engine can load), or "auto":
     lookup (free when nothing matches; it pays where the answer quotes the context). On the
     CPU a verification's queries now each run their own attention (exact on every CPU), so
-    a self-draft costs more than it saves there: with the default model on the repository
-    and book questions (bench.cpu_spec, docs/benchmarks.md) lookup 0.98x / 0.95x no
-    speculation, self 0.76x / 0.73x, lookup+self 0.69x / 0.90x. On a GPU a self-draft
-    runs the model eagerly. `max_k`: the longest draft; `start_k`: the first draft's length;
+    a verification costs ~3x a step there: with the default model on the repository and
+    book questions (bench.cpu_spec, docs/benchmarks.md) lookup 0.98x / 0.95x no
+    speculation, self 1.05x / 1.13x and lookup+self 0.94x / 1.10x once the draft-length
+    policy priced verifications right (0.76x / 0.73x and 0.69x / 0.90x before): within a
+    single run's noise of each other. On a GPU a self-draft runs the model eagerly. `max_k`: the longest draft; `start_k`: the first draft's length;
     `adaptive`: choose each draft's length from the measured acceptance and step costs
     (AdaptiveLength), else always `start_k`; `window`/`sinks`: the ring of self and draft."""
 

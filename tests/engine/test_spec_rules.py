@@ -140,3 +140,29 @@ def test_draft_length_follows_acceptance_and_costs():
     fixed = AdaptiveLength(start=3, max_k=8, fixed=True)
     fixed.update(4, 3, 0)
     assert fixed.get(4) == 3
+
+
+def test_draft_length_prices_verifications_without_a_timed_plain_step():
+    """A run that drafts at every step never times a plain step, the policy's unit of cost:
+    it is then extrapolated from the verifications' times (about affine in the positions).
+    With the CPU's measured costs (2 positions ~65 ms, 5 ~130 ms; a plain step ~45 ms) and
+    half the drafts accepted, drafting does not pay; with flat costs it does."""
+    from engine.spec.proposers import AdaptiveLength
+
+    cpu = AdaptiveLength(start=4, max_k=8)
+    cpu.observe(5, 0.130)
+    cpu.update(1, 4, 2)
+    assert cpu.get(1) > 0  # one length timed: no unit yet, the default pricing drafts
+    cpu.observe(2, 0.065)
+    assert abs(cpu._base() - 0.0433) < 0.001
+    assert cpu.get(1) == 0  # 1.5 tokens for 1.5 steps at best: a plain step instead
+    flat = AdaptiveLength(start=4, max_k=8)
+    flat.observe(5, 0.053)
+    flat.observe(2, 0.047)
+    flat.update(1, 4, 2)
+    assert flat.get(1) > 0
+    timed = AdaptiveLength(start=4, max_k=8)  # a timed plain step wins over the estimate
+    timed.observe(1, 0.020)
+    timed.observe(2, 0.065)
+    timed.observe(5, 0.130)
+    assert timed._base() == 0.020
