@@ -3,7 +3,7 @@
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
 #   bash bench/gpu_runbook.sh N    (27-31 ran in the fifth session of 2026-11-30: results in
 #   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6; the next
-#   session: 32; 32-34 ran in the sixth session of 2026-11-30; then 35)
+#   session: 32; 32-35 ran in the sixth session of 2026-11-30; the next: 36)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -326,6 +326,23 @@ case "${1:-1}" in
         --gpu-kv-budget 1536MiB --graphs --recurring 0.86 --skip-prefill-attention --profile 12 \
         --json "$OUT/spec_verify_500k.json" > "$OUT/spec_verify_500k.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/spec_verify_500k.log" ;;
+36) # the next session first (issue 7): where k = 4's last ~0.2 ms over 1.3x the decode graph
+    # step goes with 4 graphs per verification (runbook 35: 15.55 ms against 11.86 ms); each
+    # row's 15 costliest kernels and the traces' busy/idle split (the per-query select over
+    # 40 rows, the union kernels, the union's fetch), then the issue-6 baseline again at 128K
+    # (worst and realistic selections, prefetch off / forecast / oracle)
+    timeout 200 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+        --reps 9 --profile 15 --trace "$OUT" --json "$OUT/spec_verify_b1.json" \
+        > "$OUT/spec_verify_b1.log" 2>&1 || echo "FAILED: $?"
+    tail -4 "$OUT/spec_verify_b1.log"
+    python3 -m bench.trace_gaps "$OUT"/trace_b1_decode.json "$OUT"/trace_b1_k0_c4.json \
+        "$OUT"/trace_b1_k4_c4.json --top 25 > "$OUT/trace_gaps.log" 2>&1; grep "per step" "$OUT/trace_gaps.log"
+    rm -f "$OUT"/trace_*.json
+    timeout 300 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --skip-prefill-attention --json "$OUT/e2e_128k.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/e2e_128k.log" ;;
 35) # (issue 7) the verification's staged block tables rewritten only past each sequence's
     # committed pages (engine/verify_graphs.py fill_verify_staging: ~0.15 ms per 8K-page
     # table at batch 1, 1.2 ms at batch 8 on the host before the first graph). The graphs'
