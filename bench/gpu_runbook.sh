@@ -339,6 +339,13 @@ case "${1:-1}" in
     python3 -m bench.trace_gaps "$OUT"/trace_b1_decode.json "$OUT"/trace_b1_k0_c4.json \
         "$OUT"/trace_b1_k4_c4.json --top 25 > "$OUT/trace_gaps.log" 2>&1; grep "per step" "$OUT/trace_gaps.log"
     rm -f "$OUT"/trace_*.json
+    # the select methods on a verification's rows (batch 5: 40 rows), 8,192 and 8,208 pages
+    # (the probe took 41 us per layer in the k = 4 graphs, against 27 us for 64 rows of
+    # 8,192 pages in runbook 28's select_bench)
+    timeout 120 python3 -m bench.select_bench --contexts 131072 131328 --budgets 0.02 \
+        --methods probe1 probe2 probe4 hist split torch --json "$OUT/select.json" \
+        > "$OUT/select.log" 2>&1 || echo "FAILED: $?"
+    tail -10 "$OUT/select.log"
     timeout 300 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
         --prefetch off forecast oracle --skip-prefill-attention --json "$OUT/e2e_128k.json" \
         > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
