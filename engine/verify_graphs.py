@@ -65,8 +65,12 @@ def fill_verify_staging(st: np.ndarray, n: int, T: int, max_pages: int, size: in
     a = lay["tables"][0]
     tables = st[a : a + size * max_pages].reshape(size, max_pages)
     for i in range(size):
-        p = page_lists[i] if i < bs else ()
-        owner = (owners[i] if i < len(owners) else None) if i < bs else _PAD
+        if i < bs:
+            p = page_lists[i]
+            owner = owners[i] if i < len(owners) else None
+            kept_next = 0 if owner is None else min(stable[i], len(p))
+        else:
+            p, owner, kept_next = (), _PAD, 0
         last = held[i] if held is not None else None
         if owner is not None and last is not None and last[0] is owner:
             keep, written = min(last[1], len(p)), last[2]
@@ -76,8 +80,7 @@ def fill_verify_staging(st: np.ndarray, n: int, T: int, max_pages: int, size: in
         if written > len(p):
             tables[i, len(p) : written] = scratch
         if held is not None:
-            mine = min(stable[i], len(p)) if owner is not None and i < bs else 0
-            held[i] = (owner, mine, len(p))
+            held[i] = (owner, kept_next, len(p))
     return a + size * max_pages
 
 
@@ -176,9 +179,8 @@ class VerifyGraphs:
             if any(e is not None for e in tiers._pending.values()):
                 return  # (a prefetch forked for the next layer: not a place to cut)
             graphs[-1].capture_end()
-            self.graph_pool = graphs[-1].pool()
             graphs.append(torch.cuda.CUDAGraph())
-            graphs[-1].capture_begin(pool=self.graph_pool)
+            graphs[-1].capture_begin(pool=graphs[-2].pool())  # (one pool for all)
 
         try:
             self._verify_forward(size, T)  # warm-up: kernels compile and tune

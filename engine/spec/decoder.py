@@ -41,7 +41,8 @@ class SpecConfig:
     book questions (bench.cpu_spec, docs/benchmarks.md) lookup 0.98x / 0.95x no
     speculation, self 1.05x / 1.13x and lookup+self 0.94x / 1.10x once the draft-length
     policy priced verifications right (0.76x / 0.73x and 0.69x / 0.90x before): within a
-    single run's noise of each other. On a GPU a self-draft runs the model eagerly. `max_k`: the longest draft; `start_k`: the first draft's length;
+    single run's noise of each other. On a GPU a self-draft runs the model eagerly.
+    `max_k`: the longest draft; `start_k`: the first draft's length;
     `adaptive`: choose each draft's length from the measured acceptance and step costs
     (AdaptiveLength), else always `start_k`; `window`/`sinks`: the ring of self and draft."""
 
