@@ -3,7 +3,7 @@
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
 #   bash bench/gpu_runbook.sh N    (27-31 ran in the fifth session of 2026-11-30: results in
 #   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6; the next
-#   session: 32; 32-35 ran in the sixth session of 2026-11-30; the next: 36)
+#   session: 32; 32-35 ran in the sixth session of 2026-11-30; 36- in the seventh)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -326,6 +326,23 @@ case "${1:-1}" in
         --gpu-kv-budget 1536MiB --graphs --recurring 0.86 --skip-prefill-attention --profile 12 \
         --json "$OUT/spec_verify_500k.json" > "$OUT/spec_verify_500k.log" 2>&1 || echo "FAILED: $?"
     tail -3 "$OUT/spec_verify_500k.log" ;;
+37) # (issue 7) runbook 36's k = 4 graphs ran `_select_probe_kernel` at 41 us per layer, the
+    # select_bench time of probe4 on its 40 rows (probe2 / hist: 27-29 us). Which method the
+    # engine picked and why (each method's timed best, printed), then the same with probe2 and
+    # hist forced everywhere; the union as one sorting kernel ("sort", the default now)
+    # against runbook 36's two ("walk"); the union kernels' tests on the GPU first
+    python3 -m pytest -q -p no:cacheprovider tests/kernels/test_page_union.py 2>&1 | tail -2
+    for sel in default probe2 hist; do
+        extra=""; [ "$sel" != default ] && extra="--select-method $sel"
+        timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+            --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+            --reps 9 $extra --json "$OUT/spec_verify_$sel.json" > "$OUT/spec_verify_$sel.log" 2>&1 || echo "FAILED: $?"
+        echo "== select $sel"; tail -5 "$OUT/spec_verify_$sel.log"
+    done
+    timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+        --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
+    echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
 36) # the next session first (issue 7): where k = 4's last ~0.2 ms over 1.3x the decode graph
     # step goes with 4 graphs per verification (runbook 35: 15.55 ms against 11.86 ms); each
     # row's 15 costliest kernels and the traces' busy/idle split (the per-query select over

@@ -129,8 +129,24 @@ def main() -> None:
     ap.add_argument("--trace", metavar="DIR",
                     help="write each row's kernels in GPU order (and the decode graph's) to "
                     "DIR/trace_b{batch}_k{k}_c{chunks}.json")  # fmt: skip
+    ap.add_argument("--select-method", choices=["probe1", "probe2", "probe4", "hist", "split",
+                                                 "bisect", "torch"],
+                    help="every top-k selection by this method (default: the engine's pick "
+                    "per shape, timed at its first call)")  # fmt: skip
+    ap.add_argument(
+        "--union-method",
+        choices=["sort", "walk"],
+        help="the union's Triton kernels (kernels.page_union.UNION_METHOD)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    from kernels import page_score, page_union
+
+    if args.union_method:
+        page_union.UNION_METHOD = args.union_method
+
+    if args.select_method:
+        page_score._fastest_method = lambda *a, **kw: args.select_method
     from agentctx.kv_snapshots import parse_size
     from engine import Engine, SamplingParams, verify_graphs
     from engine.config import EngineConfig
@@ -249,6 +265,11 @@ def main() -> None:
               f"  {r['graph_decode_ms']:13.2f}", end="")  # fmt: skip
         span, dspan = r["verify_span_ms"], r["decode_graph_span_ms"]
         print(f"  {span:7.2f}  {span / dspan:13.2f}" if span and dspan else "")
+    # the select method per shape (rows, pages, budget, width) and what each took (ms, 5 calls)
+    for key, m in page_score._METHODS.items():
+        times = page_score._METHOD_TIMES.get(key, {})
+        took = " ".join(f"{name} {t:.3f}" for name, t in sorted(times.items(), key=lambda x: x[1]))
+        print(f"select {key}: {m} ({took})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

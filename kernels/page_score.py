@@ -730,6 +730,7 @@ def select_pages(
 
 
 _METHODS: dict[tuple, str] = {}  # (rows, pages, budget, width) -> the fastest select method
+_METHOD_TIMES: dict[tuple, dict] = {}  # the same keys -> each method's best time (ms, 5 calls)
 SPLIT_CHUNK = 1024  # pages per program of the "split" select
 # the kernels that hold a whole row in registers: the longest row each takes
 _MAX_PAGES = {"bisect": 16384, "probe1": 32768, "probe2": 32768, "probe4": 32768, "hist": 32768}
@@ -774,6 +775,7 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
             end.record()
             end.synchronize()
             times[m] = min(times[m], start.elapsed_time(end))
+    _METHOD_TIMES[key] = times
     _METHODS[key] = min(times, key=times.get)
     return _METHODS[key]
 

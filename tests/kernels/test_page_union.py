@@ -58,9 +58,11 @@ def test_reference_is_the_set_union_with_query_bits():
         (2, 5, 3, 2500, 90, 200),
         (1, 3, 2, 9000, 150, 300),  # three chunks of 4,096 pages, a partial last one
         (1, 9, 2, 1100, 60, 64),  # narrower than most unions: cut and flagged
+        (1, 5, 8, 8196, 164, 820),  # a k = 4 verification at 128K, 2% (its graph's width)
     ],
 )
-def test_triton_equals_reference(B, T, Hkv, M, K, width):
+@pytest.mark.parametrize("method", ["sort", "walk"])
+def test_triton_equals_reference(B, T, Hkv, M, K, width, method):
     pages, counts = selections(B, T, Hkv, M, K, seed=B * 100 + T)
     pages, counts = pages.to(DEVICE), counts.to(DEVICE)
     flag_ref = torch.zeros((), dtype=torch.int32, device=DEVICE)
@@ -68,7 +70,7 @@ def test_triton_equals_reference(B, T, Hkv, M, K, width):
     scratch = torch.zeros(B * Hkv * M + 7, dtype=torch.int32, device=DEVICE)
     flag = torch.zeros((), dtype=torch.int32, device=DEVICE)
     for _ in range(2):  # the scratch is left clean: a second call gives the same
-        got = union_pages(pages, counts, T, M, width, flag, scratch, use_triton=True)
+        got = union_pages(pages, counts, T, M, width, flag, scratch, use_triton=True, method=method)
         for a, b in zip(got, ref, strict=True):
             assert torch.equal(a.cpu(), b.cpu())
         assert not scratch.any()
