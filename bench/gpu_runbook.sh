@@ -343,6 +343,28 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
     echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
+38) # (issue 7, and issue 6's decode) runbook 37: the picker's isolated timings (5 calls back
+    # to back) ranked split < probe2 for a decode's 8 rows and probe2 for a verification's 40,
+    # but in the steps probe2 ran at 41 us for 40 rows (31 isolated), and forcing probe2 made
+    # the decode graph step 11.90 -> 11.47 ms. The select methods with cold caches (each call
+    # after a 256 MiB write), then the kernels of the steps with the default pick (the union
+    # sorted) and with probe2 forced
+    timeout 150 python3 -m bench.select_bench --contexts 131072 131328 --budgets 0.02 \
+        --methods probe1 probe2 hist split --cold --json "$OUT/select_cold.json" \
+        > "$OUT/select_cold.log" 2>&1 || echo "FAILED: $?"
+    tail -10 "$OUT/select_cold.log"
+    for sel in default probe2; do
+        extra=""; [ "$sel" != default ] && extra="--select-method $sel"
+        mkdir -p "$OUT/t_$sel"
+        timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+            --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+            --reps 9 --trace "$OUT/t_$sel" $extra --json "$OUT/spec_verify_$sel.json" \
+            > "$OUT/spec_verify_$sel.log" 2>&1 || echo "FAILED: $?"
+        echo "== select $sel"; tail -5 "$OUT/spec_verify_$sel.log"
+        python3 -m bench.trace_gaps "$OUT/t_$sel"/trace_b1_decode.json "$OUT/t_$sel"/trace_b1_k4_c4.json \
+            --top 30 > "$OUT/trace_gaps_$sel.log" 2>&1; grep "per step" "$OUT/trace_gaps_$sel.log"
+        rm -rf "$OUT/t_$sel"
+    done ;;
 36) # the next session first (issue 7): where k = 4's last ~0.2 ms over 1.3x the decode graph
     # step goes with 4 graphs per verification (runbook 35: 15.55 ms against 11.86 ms); each
     # row's 15 costliest kernels and the traces' busy/idle split (the per-query select over

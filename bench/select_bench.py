@@ -10,7 +10,9 @@ python3 -m bench.select_bench [--contexts 32768 131072 500000] [--budgets 0.02 0
     [--methods radix bisect probe1 probe2 probe4 hist split torch] [--eager] [--json out.json]
 
 Times are of CUDA-graph replays (10 calls per graph), as decode steps run the selection;
---eager times eager calls.
+--eager times eager calls. --cold: each call follows a write of 256 MiB (the L2 cache and
+the kernels' code evicted, as a decode step's weight reads leave them), whose own time (a
+graph of the writes alone) is subtracted.
 """
 
 from __future__ import annotations
@@ -31,12 +33,22 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true",
                     help="time eager calls (Python's launch rate included), not CUDA-graph "
                     "replays as decode steps run them")  # fmt: skip
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="each call after a 256 MiB write (caches cold), its time subtracted",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     import triton.testing
 
     from kernels.page_score import _MAX_PAGES, graph_of, select_pages
 
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda") if args.cold else None
+    flush_ms = 0.0
+    if args.cold:
+        g = graph_of(lambda: flush.fill_(1.0), reps=10)
+        flush_ms = triton.testing.do_bench(g.replay) / 10
     rows = []
     for context in args.contexts:
         M = context // 16
@@ -69,17 +81,21 @@ def main() -> None:
                         )
 
                         def call(m=m):
+                            if flush is not None:
+                                flush.fill_(1.0)
                             return select_pages(s, lens, 16, budget, width=budget, method=m)
 
                         graph = None if args.eager else graph_of(call, reps=10)
                         if graph is None:
-                            row[f"{m}_ms"] = triton.testing.do_bench(call)
+                            row[f"{m}_ms"] = triton.testing.do_bench(call) - flush_ms
                         else:
-                            row[f"{m}_ms"] = triton.testing.do_bench(graph.replay) / 10
+                            row[f"{m}_ms"] = triton.testing.do_bench(graph.replay) / 10 - flush_ms
                         row[f"{m}_timed"] = "eager" if graph is None else "graph"
                         row[f"{m}_same"] = same
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+    if args.cold:
+        print(f"\ncold: each call after a 256 MiB write ({flush_ms:.3f} ms, subtracted)")
     print(
         f"\n{'context':>8} {'batch':>5} {'budget':>6} {'scores':>8} "
         + " ".join(f"{m:>8}" for m in METHODS)
