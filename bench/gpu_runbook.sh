@@ -343,6 +343,22 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
     echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
+39) # (issue 7) runbook 38: the verification graphs ran with ~0.47 us between kernels and 35
+    # device-to-device copies per step (some with 14 us before each); the decode graph with
+    # probe2 forced, ~0.1 us and none. What a graph's kernel boundaries cost by the node kinds
+    # it holds; then where the verification's copies run (the union back to the walk)
+    timeout 60 python3 -m bench.graph_gaps > "$OUT/graph_gaps.log" 2>&1 || echo "FAILED: $?"
+    cat "$OUT/graph_gaps.log"
+    mkdir -p "$OUT/t"
+    timeout 150 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+        --reps 9 --trace "$OUT/t" --json "$OUT/spec_verify.json" \
+        > "$OUT/spec_verify.log" 2>&1 || echo "FAILED: $?"
+    tail -5 "$OUT/spec_verify.log"
+    python3 -m bench.trace_gaps "$OUT/t"/trace_b1_decode.json "$OUT/t"/trace_b1_k4_c4.json \
+        --top 30 --around Memcpy > "$OUT/trace_gaps.log" 2>&1
+    grep "per step\|gaps between" "$OUT/trace_gaps.log"; grep -A 40 "around" "$OUT/trace_gaps.log" | head -45
+    rm -rf "$OUT/t" ;;
 38) # (issue 7, and issue 6's decode) runbook 37: the picker's isolated timings (5 calls back
     # to back) ranked split < probe2 for a decode's 8 rows and probe2 for a verification's 40,
     # but in the steps probe2 ran at 41 us for 40 rows (31 isolated), and forcing probe2 made

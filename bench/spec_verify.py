@@ -133,17 +133,9 @@ def main() -> None:
                                                  "bisect", "torch"],
                     help="every top-k selection by this method (default: the engine's pick "
                     "per shape, timed at its first call)")  # fmt: skip
-    ap.add_argument(
-        "--union-method",
-        choices=["sort", "walk"],
-        help="the union's Triton kernels (kernels.page_union.UNION_METHOD)",
-    )
     ap.add_argument("--json")
     args = ap.parse_args()
-    from kernels import page_score, page_union
-
-    if args.union_method:
-        page_union.UNION_METHOD = args.union_method
+    from kernels import page_score
 
     if args.select_method:
         page_score._fastest_method = lambda *a, **kw: args.select_method

@@ -8,13 +8,13 @@ attention kernel masks each query to its own pages.
 
 `union_pages_reference` builds it in torch (a bitmap per row, a cumulative sum and two
 scatters: ~25 kernels per layer, which at batch 1 on the H200 cost more than the fetch they
-save: runbook 30's profile, docs/benchmarks.md). The Triton version "sort" is one kernel, one
-program per (sequence, head) over its queries' T * K entries: each sets its query's bit at
-its page in a scratch bitmap (atomic or); the entries whose page no lower query chose are
-sorted (the union in page order) and written with their bits and the count; the bitmap is
-cleared for the next call, and a union wider than the fixed width (a CUDA graph's) is cut
-and flagged. "walk" (two kernels: one program per (sequence, query, head) marks, one per
-(sequence, head) walks the whole bitmap) took 10 us per layer at 8,196 pages (runbook 36).
+save: runbook 30's profile, docs/benchmarks.md). The Triton version is two kernels: one
+program per (sequence, query, head) sets its query's bit at each of its pages in a scratch
+bitmap (atomic or); one program per (sequence, head) walks the bitmap in page order, writes
+the listed pages, their bits and the count, clears the bitmap for the next call and flags a
+union wider than the fixed width (a CUDA graph's). (Tried, runbook 38: one kernel per
+(sequence, head) that sorts the entries no lower query chose, with no walk of the row: 19
+us per layer at 8,196 pages against the walk's 10 us plus the marking's ~3.)
 """
 
 from __future__ import annotations
@@ -70,50 +70,6 @@ if HAS_TRITON:
         tl.store(CNT + r, tl.minimum(n, W))
         tl.atomic_max(OVERFLOW, (n > W).to(tl.int32))
 
-    @triton.jit
-    def _union_sort_kernel(PAGES, COUNTS, BITS, OUT, QMASK, CNT, OVERFLOW, K, M, W,
-                           T: tl.constexpr, HKV: tl.constexpr, NP: tl.constexpr,
-                           WB: tl.constexpr):  # fmt: skip
-        """One program per (sequence, KV head) over its T queries' T * K entries (NP >= T *
-        K, a power of two): each sets its query's bit at its page in the bitmap; an entry
-        is the page's representative where no lower query chose the page, so the sorted
-        representatives are the union in page order; their bits are the mask; then the
-        bitmap is cleared. No walk over the row's M pages."""
-        r = tl.program_id(0)  # b * HKV + h
-        b = r // HKV
-        h = r % HKV
-        e = tl.arange(0, NP)
-        t = e // K
-        j = e - t * K
-        src = (b * T + t) * HKV + h  # query t's row of the per-query selections
-        inside = e < T * K
-        mine = inside & (j < tl.load(COUNTS + src, mask=inside, other=0))
-        page = tl.load(PAGES + src.to(tl.int64) * K + j, mask=mine, other=0)
-        row = BITS + r.to(tl.int64) * M
-        bit = tl.full([NP], 1, tl.int32) << t
-        tl.atomic_or(row + page, bit, mask=mine)
-        tl.debug_barrier()
-        # (past L1: the bits were set by atomics at L2)
-        bits = tl.load(row + page, mask=mine, other=0, cache_modifier=".cg")
-        rep = mine & ((bits & (bit - 1)) == 0)
-        n = tl.sum(rep.to(tl.int32), 0)
-        key = tl.sort(tl.where(rep, page, 2147483647))  # the union ascending, then fillers
-        listed = e < n
-        keep = listed & (e < W)
-        qbits = tl.load(row + key, mask=listed, other=0, cache_modifier=".cg")
-        tl.store(OUT + r.to(tl.int64) * W + e, key, mask=keep)
-        tl.store(QMASK + r.to(tl.int64) * W + e, qbits, mask=keep)
-        tl.debug_barrier()
-        tl.store(row + key, tl.zeros([NP], tl.int32), mask=listed)  # clean for next time
-        o = tl.arange(0, WB)
-        for start in range(0, W, WB):  # columns past the union read 0s
-            col = start + o
-            past = (col >= n) & (col < W)
-            tl.store(OUT + r.to(tl.int64) * W + col, tl.zeros([WB], tl.int32), mask=past)
-            tl.store(QMASK + r.to(tl.int64) * W + col, tl.zeros([WB], tl.int32), mask=past)
-        tl.store(CNT + r, tl.minimum(n, W))
-        tl.atomic_max(OVERFLOW, (n > W).to(tl.int32))
-
 
 def union_pages_reference(pages: torch.Tensor, counts: torch.Tensor, T: int, M: int,
                           width: int | None = None,
@@ -151,17 +107,11 @@ def union_pages_reference(pages: torch.Tensor, counts: torch.Tensor, T: int, M: 
     return pages_u, n_union.clamp(max=width), qmask
 
 
-UNION_METHOD = "sort"  # "sort": one kernel over the selections' entries; "walk": two kernels
-SORT_MAX = 16384  # the sort kernel's most entries (T * K, rounded up to a power of two)
-
-
 def union_pages(pages: torch.Tensor, counts: torch.Tensor, T: int, M: int,
                 width: int | None = None, overflow: torch.Tensor | None = None,
-                scratch: torch.Tensor | None = None, use_triton: bool | None = None,
-                method: str | None = None):  # fmt: skip
+                scratch: torch.Tensor | None = None, use_triton: bool | None = None):  # fmt: skip
     """union_pages_reference's result; with a fixed `width`, on a GPU (or `use_triton`),
-    Triton: `method` (default UNION_METHOD) "sort", one kernel over the T * K entries (up to
-    SORT_MAX), or "walk", a marking kernel and a walk of each row's bitmap. `scratch`: int32, at least B * Hkv * M elements, all zero (and
+    two Triton kernels. `scratch`: int32, at least B * Hkv * M elements, all zero (and
     left so): the bitmap (a CUDA graph's must outlive it); None: a fresh one."""
     on = use_triton if use_triton is not None else pages.is_cuda
     if width is None or not HAS_TRITON or not on:
@@ -181,12 +131,6 @@ def union_pages(pages: torch.Tensor, counts: torch.Tensor, T: int, M: int,
     n = torch.empty(B, Hkv, dtype=torch.int32, device=dev)
     pages = pages.to(torch.int32).contiguous()
     counts = counts.to(torch.int32).contiguous()
-    entries = triton.next_power_of_2(max(T * K, 16))
-    if (method or UNION_METHOD) == "sort" and entries <= SORT_MAX:
-        _union_sort_kernel[(B * Hkv,)](pages, counts, scratch, out, qmask, n, overflow, K, M,
-                                       width, T=T, HKV=Hkv, NP=entries, WB=1024,
-                                       num_warps=max(4, min(16, entries // 256)))  # fmt: skip
-        return out, n, qmask
     block = min(1024, triton.next_power_of_2(max(K, 16)))
     _union_mark_kernel[(BT * Hkv,)](pages, counts, scratch, K, M, T, HKV=Hkv, BLOCK=block)
     _union_compact_kernel[(B * Hkv,)](scratch, out, qmask, n, overflow, M, width, CH=4096,

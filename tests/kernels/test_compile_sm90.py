@@ -113,16 +113,13 @@ for name, sig in (
         consts |= {"USES_BITS": 20, "RECENCY": ta.RECENCY_STEPS}
     warps = 4
     out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, warps)
-from kernels.page_union import _union_compact_kernel, _union_mark_kernel, _union_sort_kernel
+from kernels.page_union import _union_compact_kernel, _union_mark_kernel
 from kernels.synthetic_select import _synthetic_query_kernel
 out["union/mark"] = build(_union_mark_kernel, {"PAGES": i32, "COUNTS": i32, "BITS": i32,
                           "K": "i32", "M": "i32", "T": "i32"}, {"HKV": 8, "BLOCK": 256}, 4)
 out["union/compact"] = build(_union_compact_kernel, {"BITS": i32, "OUT": i32, "QMASK": i32,
                              "CNT": i32, "OVERFLOW": i32, "M": "i32", "W": "i32"},
                              {"CH": 4096}, 8)
-out["union/sort"] = build(_union_sort_kernel, {"PAGES": i32, "COUNTS": i32, "BITS": i32,
-                          "OUT": i32, "QMASK": i32, "CNT": i32, "OVERFLOW": i32, "K": "i32",
-                          "M": "i32", "W": "i32"}, {"T": 5, "HKV": 8, "NP": 1024, "WB": 1024}, 4)
 out["synthetic_query"] = build(_synthetic_query_kernel, {"FIRST": "*fp32", "SEEN": "*u8",
                                "N_SEEN": i32, "BUDGETS": i32, "OUT": "*fp32", "CLOCK": i64, "salt": "i32",
                                "M": "i32", "recurring": "fp32", "s_sb": "i32", "s_sh": "i32",

@@ -61,8 +61,7 @@ def test_reference_is_the_set_union_with_query_bits():
         (1, 5, 8, 8196, 164, 820),  # a k = 4 verification at 128K, 2% (its graph's width)
     ],
 )
-@pytest.mark.parametrize("method", ["sort", "walk"])
-def test_triton_equals_reference(B, T, Hkv, M, K, width, method):
+def test_triton_equals_reference(B, T, Hkv, M, K, width):
     pages, counts = selections(B, T, Hkv, M, K, seed=B * 100 + T)
     pages, counts = pages.to(DEVICE), counts.to(DEVICE)
     flag_ref = torch.zeros((), dtype=torch.int32, device=DEVICE)
@@ -70,7 +69,7 @@ def test_triton_equals_reference(B, T, Hkv, M, K, width, method):
     scratch = torch.zeros(B * Hkv * M + 7, dtype=torch.int32, device=DEVICE)
     flag = torch.zeros((), dtype=torch.int32, device=DEVICE)
     for _ in range(2):  # the scratch is left clean: a second call gives the same
-        got = union_pages(pages, counts, T, M, width, flag, scratch, use_triton=True, method=method)
+        got = union_pages(pages, counts, T, M, width, flag, scratch, use_triton=True)
         for a, b in zip(got, ref, strict=True):
             assert torch.equal(a.cpu(), b.cpu())
         assert not scratch.any()
