@@ -343,6 +343,29 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
     echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
+40) # (issues 6 and 7) the allocator's fetch list compacted on the device (kernels.tier_alloc
+    # _assign_kernel: owners first, the gather walks only them): runbook 39's gather took
+    # 16 us per layer in a decode step for ~28 missing units of 1,312 entries, 37 us in a
+    # k = 4 verification. The tier kernels' tests on the GPU, then the verification rows
+    # (with 16 and 32 gather programs), then issue 6's 128K rows
+    python3 -m pytest -q -p no:cacheprovider tests/kernels/test_tier_alloc.py \
+        tests/kernels/test_tier_kernels.py 2>&1 | tail -2
+    for progs in 16 32; do
+        mkdir -p "$OUT/t$progs"
+        AGENTCTX_GATHER_PROGRAMS=$progs timeout 150 python3 -m bench.spec_verify --context 131072 \
+            --batches 1 --ks 0 4 --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 \
+            --skip-prefill-attention --reps 9 --trace "$OUT/t$progs" \
+            --json "$OUT/spec_verify_p$progs.json" > "$OUT/spec_verify_p$progs.log" 2>&1 || echo "FAILED: $?"
+        echo "== gather programs $progs"; tail -5 "$OUT/spec_verify_p$progs.log"
+        python3 -m bench.trace_gaps "$OUT/t$progs"/trace_b1_decode.json "$OUT/t$progs"/trace_b1_k4_c4.json \
+            --top 30 > "$OUT/trace_gaps_p$progs.log" 2>&1
+        grep "per step\|_gather_kernel\|gaps between" "$OUT/trace_gaps_p$progs.log"
+        rm -rf "$OUT/t$progs"
+    done
+    timeout 300 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --skip-prefill-attention --json "$OUT/e2e_128k.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/e2e_128k.log" ;;
 39) # (issue 7) runbook 38: the verification graphs ran with ~0.47 us between kernels and 35
     # device-to-device copies per step (some with 14 us before each); the decode graph with
     # probe2 forced, ~0.1 us and none. What a graph's kernel boundaries cost by the node kinds

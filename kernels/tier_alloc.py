@@ -210,9 +210,11 @@ if HAS_TRITON:
         """Owner r-th in entry order (RANK: the inclusive count of owners) takes the r-th
         least valuable slot. Programs touch disjoint slots and units: owners' victims are
         distinct, and an evicted unit is never a missing one (resident units the step reads
-        are protected)."""
+        are protected). The fetch list is compacted: owner r at entry r - 1 of SRC / DST,
+        and -1 in DST from entry (owners) on, so the gather walks only the owners."""
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
+        total = tl.load(RANK + n - 1)
         rank = tl.load(RANK + i, mask=m, other=0)
         before = tl.load(RANK + i - 1, mask=m & (i > 0), other=0)
         owner = m & (rank > before)
@@ -224,8 +226,11 @@ if HAS_TRITON:
         tl.store(SLOT_OF + u, dst.to(tl.int32), mask=owner)
         tl.store(UNIT_IN + dst, u, mask=owner)
         tl.store(USES + dst, 0, mask=owner)
-        tl.store(SRC + i, tl.where(owner, u, 0).to(tl.int32), mask=m)
-        tl.store(DST + i, tl.where(owner, dst, -1).to(tl.int32), mask=m)
+        tl.store(SRC + rank - 1, u.to(tl.int32), mask=owner)
+        tl.store(DST + rank - 1, dst.to(tl.int32), mask=owner)
+        past = m & (i >= total)  # (entries below `total` are owners' places)
+        tl.store(SRC + i, tl.zeros([BLOCK], tl.int32), mask=past)
+        tl.store(DST + i, tl.full([BLOCK], -1, tl.int32), mask=past)
         fetched = tl.sum(owner.to(tl.int64), 0)
         tl.atomic_add(ACC + C_FETCHED, fetched)
         tl.atomic_add(ACC + C_DEMAND, fetched)
@@ -296,26 +301,26 @@ def allocate(
         u, rank, victims, st.slot_of, st.unit_in, st.uses, src, dst, acc, n,
         counters["fetched"], counters["evicted"], counters["demand_fetched"], BLOCK=B,
     )  # fmt: skip
-    _gather(st, src, dst, acc, counters, stage, before_gather)
+    _gather(st, src, dst, acc, counters, stage, before_gather, rank[n - 1 :])
     out = torch.empty(n, dtype=torch.int32, device=dev)
     _finish_kernel[(triton.cdiv(n, B),)](u, st.slot_of, st.last_used, st.uses, clock, claim,
                                          out, n, st.scratch_slot, BLOCK=B)  # fmt: skip
     return out
 
 
-def _gather(st, src, dst, acc, counters, stage, before_gather) -> None:
+def _gather(st, src, dst, acc, counters, stage, before_gather, count=None) -> None:
     """The fetch list's gather (src units -> dst slots, -1: none), from the stage where a
     prefetch put the unit: those count as prefetch hits, not as fetches on the critical
-    path (the prefetch counted their transfer)."""
+    path (the prefetch counted their transfer). `count`: live entries lead the list."""
     if before_gather is not None:
         before_gather()
     if stage is None:
-        gather_pages(st.host_units, st.slots, src, dst)
+        gather_pages(st.host_units, st.slots, src, dst, count=count)
         return
     rows, stage_of = stage
     # mostly device-to-device copies (the staged units) and a few host reads: more programs
     gather_pages(st.host_units, st.slots, src, dst, stage=rows, stage_of=stage_of,
-                 max_programs=4 * GATHER_PROGRAMS)  # fmt: skip
+                 max_programs=4 * GATHER_PROGRAMS, count=count)  # fmt: skip
     hits = ((dst >= 0) & (stage_of[src.long()] != NOT_STAGED)).sum()
     acc[counters["prefetch_hits"]] += hits
     for name in ("fetched", "demand_fetched", "prefetch_waste"):

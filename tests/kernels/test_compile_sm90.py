@@ -70,11 +70,11 @@ recall_sig = {"EXACT": "*i64", "VALID": "*u8", "PRED": "*i64", "PRED_COUNTS": "*
               "n_pages": "i32", "c_hits": "i32", "c_total": "i32", "layer": "i32"}
 out["recall"] = build(_recall_kernel, recall_sig, {"CHUNK": 256}, 4)
 gather_sig = {"SRC": "*bf16", "DST": "*bf16", "SRC_IDX": "*i32", "DST_IDX": "*i32",
-              "STAGE": "*bf16", "STAGE_OF": "*i32", "n": "i32"}
+              "STAGE": "*bf16", "STAGE_OF": "*i32", "COUNT": "*i64", "n": "i32"}
 for stage in (False, True):
     for rows in (1, 4, 8):
         consts = {"E": 4096, "EB": 4096, "ROWS": rows, "NPROG": 16, "HAS_STAGE": stage,
-                  "NONE": NOT_STAGED}
+                  "NONE": NOT_STAGED, "HAS_COUNT": rows == 4}
         out[f"gather/rows={rows}/stage={stage}"] = build(_gather_kernel, gather_sig, consts, 8)
 stage_sig = {"SRC": "*bf16", "STAGE": "*bf16", "PAGES": "*i32", "COUNTS": "*i32",
              "TABLES": "*i32", "LENS": "*i32", "SLOT_OF": "*i32", "STAGE_OF": "*i32",

@@ -59,6 +59,22 @@ def test_gather_skips_entries_without_a_destination():
     assert torch.equal(gpu[0].cpu(), host[22]) and gpu[2:].abs().sum() == 0
 
 
+@needs_triton
+@pytest.mark.parametrize("live", [0, 3, 7])
+def test_gather_walks_only_the_counted_entries(live):
+    """With `count`, only the list's first `count` entries are read (the allocator compacts
+    its fetch list on the device): entries past it are never copied, even where valid."""
+    host, gpu, _ = pools(torch.float32)
+    src = torch.tensor([7, 9, 22, 3, 11, 5, 13, 2, 4], dtype=torch.int32)
+    dst = torch.tensor([1, 6, 0, 3, 4, 2, 5, 7, 8], dtype=torch.int32)
+    expected = gpu.clone()
+    gather_reference(host, expected, src[:live], dst[:live])
+    count = torch.tensor([live], dtype=torch.long, device=DEVICE)
+    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=2,
+                 use_triton=True, count=count)  # fmt: skip
+    assert torch.equal(gpu.cpu(), expected.cpu())
+
+
 def append_case(seed=0, Hkv=3, D=64, P=16):
     g = torch.Generator().manual_seed(seed)
     # 9 rows: three into page 2 (one call, same page: the summary merges them), others
