@@ -343,6 +343,16 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
     echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
+41) # (issue 7) a verification's graphs in pieces of 1, 2, 4, ... layers (verify_cuts: the GPU
+    # waits only for the first small piece's launch, not an 8-layer one's 0.3-0.5 ms); with
+    # runbook 40's compacted fetch list. The graphs' check first (graph == eager, speculative
+    # tokens == plain decoding), then batch 1 at 128K with 4 and 5 pieces
+    timeout 330 python3 -u -m bench.gpu_verify_check > "$OUT/verify_check.log" 2>&1 || echo "FAILED: $?"
+    tail -6 "$OUT/verify_check.log"
+    timeout 200 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 5GiB --graphs --chunks 4 5 --recurring 0.86 --skip-prefill-attention \
+        --reps 9 --json "$OUT/spec_verify.json" > "$OUT/spec_verify.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/spec_verify.log" ;;
 40) # (issues 6 and 7) the allocator's fetch list compacted on the device (kernels.tier_alloc
     # _assign_kernel: owners first, the gather walks only them): runbook 39's gather took
     # 16 us per layer in a decode step for ~28 missing units of 1,312 entries, 37 us in a

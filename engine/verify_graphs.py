@@ -10,11 +10,24 @@ import torch
 
 from engine.step_context import StepContext
 
-# pieces of one verification graph: its capture ends a graph and begins the next after
-# every `layers // VERIFY_CHUNKS` layers, so that the GPU runs the first piece while the host
-# launches the rest (a graph's launch takes the host time in proportion to its kernels:
-# ~2,800 kernels, ~1 ms on the H200's host, bench.spec_verify --trace, runbook 32)
+# pieces of one verification graph: its capture ends a graph and begins the next between
+# layers, so that the GPU runs the first piece while the host launches the rest (a graph's
+# launch takes the host time in proportion to its kernels: ~2,800 kernels, ~1 ms on the
+# H200's host, bench.spec_verify --trace, runbook 32). The pieces double in size from one
+# layer (verify_cuts): the GPU waits only for the first, small one's launch (four equal
+# pieces of 8 layers: 0.3-0.5 ms of host time before the GPU could start, runbooks 36-40)
 VERIFY_CHUNKS = 4
+
+
+def verify_cuts(layers: int, chunks: int) -> set[int]:
+    """The layers after which a verification's capture starts its next graph: pieces of 1,
+    2, 4, ... layers, the last one the rest, at most `chunks` pieces."""
+    cuts, end, size = set(), 0, 1
+    while len(cuts) < chunks - 1 and end + size < layers:
+        end += size
+        cuts.add(end - 1)
+        size *= 2
+    return cuts
 
 
 def verify_layout(n: int, T: int, max_pages: int) -> dict[str, tuple[int, int]]:
@@ -169,12 +182,11 @@ class VerifyGraphs:
         tiers.end_step(budget=budget)
         tiers.verify_width = width
         tiers.defer_summaries = True
-        layers = len(self.kv.layers)
-        every = max(1, -(-layers // VERIFY_CHUNKS))
+        cuts = verify_cuts(len(self.kv.layers), VERIFY_CHUNKS)
         graphs: list[torch.cuda.CUDAGraph] = []
 
         def split(layer: int) -> None:  # (after `layer`: end this graph, begin the next)
-            if (layer + 1) % every or layer + 1 >= layers:
+            if layer not in cuts:
                 return
             if any(e is not None for e in tiers._pending.values()):
                 return  # (a prefetch forked for the next layer: not a place to cut)

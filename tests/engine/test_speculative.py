@@ -368,3 +368,20 @@ def test_verify_staging_rewrites_only_what_may_have_changed():
         end = lay["tables"][0] + size * max_pages
         assert (st[:end] == fresh[:end]).all()
     assert kept > 300  # (rows did keep entries from an earlier call)
+
+
+def test_verify_graph_pieces_double_from_one_layer():
+    """A verification's graphs (engine.verify_graphs): pieces of 1, 2, 4, ... layers, the
+    last the rest, every layer in exactly one piece, at most the pieces asked for."""
+    from engine.verify_graphs import verify_cuts
+
+    assert sorted(verify_cuts(32, 4)) == [0, 2, 6]  # 1, 2, 4 and 25 layers
+    assert sorted(verify_cuts(32, 5)) == [0, 2, 6, 14]  # ... 8 and 17
+    for layers in range(1, 40):
+        for chunks in range(1, 7):
+            cuts = sorted(verify_cuts(layers, chunks))
+            assert len(cuts) <= chunks - 1 and all(0 <= c < layers - 1 for c in cuts)
+            bounds = [-1, *cuts, layers - 1]
+            sizes = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+            assert sum(sizes) == layers and all(s >= 1 for s in sizes)
+            assert sizes[:-1] == [2**i for i in range(len(sizes) - 1)]
