@@ -343,24 +343,6 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
     echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
-42) # (issues 6 and 7) the select picker charges the split select 2.9 us per extra kernel
-    # (runbooks 37-38: a decode graph step 0.41 ms faster with probe2 forced at 128K, batch
-    # 1); with runbooks 40-41's changes. Batch 1 at 128K twice (k = 0 and 4 against the
-    # decode graph step), batch 8 once, then issue 6's 128K rows
-    for rep in 1 2; do
-        timeout 120 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
-            --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
-            --reps 9 --json "$OUT/spec_verify_b1_$rep.json" > "$OUT/spec_verify_b1_$rep.log" 2>&1 || echo "FAILED: $?"
-        tail -5 "$OUT/spec_verify_b1_$rep.log"
-    done
-    timeout 150 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
-        --prefetch off forecast oracle --skip-prefill-attention --json "$OUT/e2e_128k.json" \
-        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
-    tail -8 "$OUT/e2e_128k.log"
-    timeout 100 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
-        --gpu-kv-budget 6GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
-        --json "$OUT/spec_verify_b8.json" > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
-    tail -5 "$OUT/spec_verify_b8.log" ;;
 41) # (issue 7) a verification's graphs in pieces of 1, 2, 4, ... layers (verify_cuts: the GPU
     # waits only for the first small piece's launch, not an 8-layer one's 0.3-0.5 ms); with
     # runbook 40's compacted fetch list. The graphs' check first (graph == eager, speculative

@@ -712,8 +712,7 @@ def select_pages(
     programs of SPLIT_CHUNK pages: a row's select on one SM took 137 us at 500K) (the Triton kernels; same
     output, ties to the lowest pages) or "torch"; None on a GPU: the fastest for this shape,
     timed once per shape outside CUDA-graph capture (their speeds depend on the scores'
-    spread and the row count, so no fixed rule holds: docs/benchmarks.md), each extra
-    kernel charged EXTRA_KERNEL_MS (what a step pays for it beyond the timing alone)."""
+    spread and the row count, so no fixed rule holds: docs/benchmarks.md)."""
     on = use_triton if use_triton is not None else scores.is_cuda
     if tail or width is None or not HAS_TRITON or not on:
         method = "torch"
@@ -733,13 +732,6 @@ def select_pages(
 _METHODS: dict[tuple, str] = {}  # (rows, pages, budget, width) -> the fastest select method
 _METHOD_TIMES: dict[tuple, dict] = {}  # the same keys -> each method's best time (ms, 5 calls)
 SPLIT_CHUNK = 1024  # pages per program of the "split" select
-# what a step pays per kernel beyond a method's first, that timing the method alone does
-# not show: in runbooks 37-38 (128K, batch 1, the H200) the split select timed 4.4 us faster
-# than probe2 alone, yet a decode graph step with it took 0.41 ms longer (11.85-11.90 ms
-# against 11.44-11.47 with probe2 forced: 12.8 us per layer), ~2.9 us for each of its 6
-# extra kernels (the zeroed histograms, 4 rounds, count, write)
-EXTRA_KERNEL_MS = 0.0029
-_EXTRA_KERNELS = {"split": 6}
 # the kernels that hold a whole row in registers: the longest row each takes
 _MAX_PAGES = {"bisect": 16384, "probe1": 32768, "probe2": 32768, "probe4": 32768, "hist": 32768}
 
@@ -783,8 +775,6 @@ def _fastest_method(scores, kv_lens, page_size, budget, sink_pages, window_pages
             end.record()
             end.synchronize()
             times[m] = min(times[m], start.elapsed_time(end))
-    for m in times:  # (5 calls per time)
-        times[m] += 5 * EXTRA_KERNEL_MS * _EXTRA_KERNELS.get(m, 0)
     _METHOD_TIMES[key] = times
     _METHODS[key] = min(times, key=times.get)
     return _METHODS[key]
