@@ -3,7 +3,7 @@
 # one device call's worth (10 minutes at most), results under $OUT. Usage on the device:
 #   bash bench/gpu_runbook.sh N    (27-31 ran in the fifth session of 2026-11-30: results in
 #   docs/benchmarks.md; 31 is the current state of issue 7, 28 and 29 of issue 6; the next
-#   session: 32; 32-35 ran in the sixth session of 2026-11-30; 36- in the seventh)
+#   session: 32; 32-35 ran in the sixth session of 2026-11-30; 36-43 in the seventh)
 set -u
 OUT=${OUT:-/tmp}
 case "${1:-1}" in
@@ -343,6 +343,35 @@ case "${1:-1}" in
         --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
         --reps 9 --union-method walk --json "$OUT/spec_verify_walk.json" > "$OUT/spec_verify_walk.log" 2>&1 || echo "FAILED: $?"
     echo "== union walk"; tail -5 "$OUT/spec_verify_walk.log" ;;
+43) # (ran ad hoc in the seventh session's last device seconds; reverted before: the
+    # picker's charge for the split select's extra kernels) the decode graph step with
+    # split and probe2 forced in two processes on one machine, then the final code's k = 4
+    for sel in split probe2; do
+        timeout 75 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 \
+            --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+            --reps 3 --select-method $sel > "$OUT/sv_$sel.log" 2>&1
+        tail -1 "$OUT/sv_$sel.log"
+    done
+    timeout 80 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+        --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+        --reps 5 > "$OUT/sv.log" 2>&1; tail -5 "$OUT/sv.log" ;;
+42) # (issues 6 and 7; ran with a select picker that charged the split select 2.9 us per
+    # extra kernel, reverted after runbook 43) batch 1 at 128K twice, batch 8 once, then
+    # issue 6's 128K rows
+    for rep in 1 2; do
+        timeout 120 python3 -m bench.spec_verify --context 131072 --batches 1 --ks 0 4 \
+            --gpu-kv-budget 5GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+            --reps 9 --json "$OUT/spec_verify_b1_$rep.json" > "$OUT/spec_verify_b1_$rep.log" 2>&1 || echo "FAILED: $?"
+        tail -5 "$OUT/spec_verify_b1_$rep.log"
+    done
+    timeout 150 python3 -m bench.e2e_sparse --context 131072 --batch 1 --variants realistic worst \
+        --prefetch off forecast oracle --skip-prefill-attention --json "$OUT/e2e_128k.json" \
+        > "$OUT/e2e_128k.log" 2>&1 || echo "FAILED: $?"
+    tail -8 "$OUT/e2e_128k.log"
+    timeout 100 python3 -m bench.spec_verify --context 131072 --batches 8 --ks 0 4 \
+        --gpu-kv-budget 6GiB --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention \
+        --json "$OUT/spec_verify_b8.json" > "$OUT/spec_verify_b8.log" 2>&1 || echo "FAILED: $?"
+    tail -5 "$OUT/spec_verify_b8.log" ;;
 41) # (issue 7) a verification's graphs in pieces of 1, 2, 4, ... layers (verify_cuts: the GPU
     # waits only for the first small piece's launch, not an 8-layer one's 0.3-0.5 ms); with
     # runbook 40's compacted fetch list. The graphs' check first (graph == eager, speculative
