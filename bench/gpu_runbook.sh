@@ -330,7 +330,8 @@ case "${1:-1}" in
     # select_bench time of probe4 on its 40 rows (probe2 / hist: 27-29 us). Which method the
     # engine picked and why (each method's timed best, printed), then the same with probe2 and
     # hist forced everywhere; the union as one sorting kernel ("sort", the default now)
-    # against runbook 36's two ("walk"); the union kernels' tests on the GPU first
+    # against runbook 36's two ("walk"); the union kernels' tests on the GPU first (as run
+    # then: the sort kernel and spec_verify's --union-method were removed after runbook 38)
     python3 -m pytest -q -p no:cacheprovider tests/kernels/test_page_union.py 2>&1 | tail -2
     for sel in default probe2 hist; do
         extra=""; [ "$sel" != default ] && extra="--select-method $sel"
