@@ -28,6 +28,7 @@ import shutil
 import struct
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ import numpy as np
 
 from engine import paths
 from engine.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
+from engine.gguf_parts import as_parts, open_buffer
 
 _FORMAT_VERSION = 2  # part of the cache key: bump it when the converted output changes
 _DONE = "gguf_source.json"  # written last; a directory without it is not a finished conversion
@@ -93,18 +95,28 @@ class _Tensor:
     nbytes: int
 
 
-def gguf_to_checkpoint(path: str | Path, cache_root: Path | None = None) -> Path:
-    """Convert `path` into an HF checkpoint directory (cached) and return that directory."""
-    src = Path(path).expanduser()
-    if not src.is_file():
-        what = " (a directory, not a .gguf file)" if src.is_dir() else ""
-        raise ModelNotFoundError(f"model file not found: {src}{what}")
+def gguf_to_checkpoint(
+    path: str | os.PathLike | Sequence[str | os.PathLike],
+    cache_root: Path | None = None,
+    name: str | None = None,
+) -> Path:
+    """Convert `path` into an HF checkpoint directory (cached) and return that directory.
+
+    path: a .gguf file, or the ordered part files of one split GGUF (engine.gguf_parts),
+    read in place. name: what the cache directory is called after (default: the file's)."""
+    parts = as_parts(path)
+    src = parts[0] if len(parts) == 1 else Path(f"{name or parts[0].stem} ({len(parts)} parts)")
+    for part in parts:
+        if not part.is_file():
+            what = " (a directory, not a .gguf file)" if part.is_dir() else ""
+            raise ModelNotFoundError(f"model file not found: {part}{what}")
     root = Path(cache_root) if cache_root is not None else paths.cache_dir() / "gguf"
     try:
-        key = _cache_key(src)
+        key = _cache_key(parts)
     except OSError as e:
         raise ModelLoadError(f"{src}: cannot read the file ({e.strerror or e})") from e
-    final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', src.stem)[:60]}-{key[:16]}"
+    stem = name or parts[0].stem
+    final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', stem)[:60]}-{key[:16]}"
     if (final / _DONE).is_file():
         with contextlib.suppress(OSError):  # in use: see _remove_dead_conversions
             os.utime(final / _DONE)
@@ -117,8 +129,10 @@ def gguf_to_checkpoint(path: str | Path, cache_root: Path | None = None) -> Path
     except OSError as e:
         raise ModelLoadError(f"cannot create the model cache in {root} ({e.strerror or e})") from e
     try:
-        _convert(src, tmp)
-        marker = {"source": str(src.resolve()), "key": key, "format_version": _FORMAT_VERSION}
+        _convert(src, parts, tmp)
+        source = [str(p.resolve()) for p in parts]
+        marker = {"source": source[0] if len(source) == 1 else source, "key": key}
+        marker["format_version"] = _FORMAT_VERSION
         _write_json(tmp / _DONE, marker)
         _publish(tmp, final)
         _remove_dead_conversions(root, final)
@@ -131,17 +145,20 @@ def gguf_to_checkpoint(path: str | Path, cache_root: Path | None = None) -> Path
     return final
 
 
-def _cache_key(src: Path) -> str:
+def _cache_key(parts: Sequence[Path]) -> str:
     # Path, size and mtime catch the usual edits; the two ends of the content catch a file
-    # replaced in place with the same size and a preserved mtime.
-    st = src.stat()
+    # replaced in place with the same size and a preserved mtime. A single file keeps the
+    # key it always had.
     h = hashlib.blake2b(digest_size=20)
-    h.update(f"{_FORMAT_VERSION}\0{src.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-    with open(src, "rb") as f:
-        h.update(f.read(_EDGE))
-        if st.st_size > _EDGE:
-            f.seek(max(st.st_size - _EDGE, _EDGE))
+    h.update(f"{_FORMAT_VERSION}\0".encode())
+    for src in parts:
+        st = src.stat()
+        h.update(f"{src.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        with open(src, "rb") as f:
             h.update(f.read(_EDGE))
+            if st.st_size > _EDGE:
+                f.seek(max(st.st_size - _EDGE, _EDGE))
+                h.update(f.read(_EDGE))
     return h.hexdigest()
 
 
@@ -168,8 +185,8 @@ def _remove_dead_conversions(root: Path, keep: Path) -> None:
         try:
             marker_path = entry / _DONE
             marker = json.loads(marker_path.read_text(encoding="utf-8"))
-            source = Path(marker["source"])
-            if source.is_file():
+            source = as_parts(marker["source"])
+            if all(p.is_file() for p in source):
                 dead = _cache_key(source) != marker["key"]
             else:
                 dead = now - marker_path.stat().st_mtime > _UNUSED_S
@@ -190,18 +207,17 @@ def _publish(tmp: Path, final: Path) -> None:
         # another process finished the same conversion first; keep its copy
 
 
-def _convert(src: Path, out: Path) -> None:
+def _convert(src: Path, parts: Sequence[Path], out: Path) -> None:
     try:
         import gguf  # noqa: F401  (only conversion needs it; fail with one line, not a trace)
     except ImportError as e:
         raise ModelLoadError(
             f"{src}: converting a GGUF file needs the gguf package; run: .venv/bin/pip install gguf"
         ) from e
-    with open(src, "rb") as f:
-        try:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
-            raise _unreadable(src, e) from e
+    try:
+        buf = open_buffer(parts)
+    except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
+        raise _unreadable(src, e) from e
     try:
         metadata, tensors = _read_header(src, buf)
         arch = metadata.get("general.architecture")

@@ -76,6 +76,16 @@ def resolve_source(model: str | os.PathLike | None) -> ModelSource:
     name = str(model)
     if name.startswith("dummy"):
         return _dummy_source(name)
+    from engine import model_catalog
+
+    known = model_catalog.lookup(name)
+    if known is not None and not Path(name).exists():
+        from engine.gguf_file import gguf_to_checkpoint
+
+        files = model_catalog.verified_files(known)
+        if len(files) == 1:  # named after its file, as when the path is given
+            return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files[0]))
+        return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files, name=known.name))
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or (path.is_file() and _is_gguf(path)):
         from engine.gguf_file import gguf_to_checkpoint
@@ -91,7 +101,8 @@ def resolve_source(model: str | os.PathLike | None) -> ModelSource:
     if cached is not None:
         return ModelSource("checkpoint", name, cached)
     raise ModelNotFoundError(
-        f"model not found: {name} (not a file, a directory, or a repo id in the local Hugging Face cache)"
+        f"model not found: {name} (not a known model name, a file, a directory, or a repo id "
+        "in the local Hugging Face cache; `agentctx models` lists the known ones)"
     )
 
 
