@@ -1,0 +1,360 @@
+"""A graded answer evaluation: questions with known answers over real repositories, each
+answered through `agentctx ask`'s own path (pack_for and first_messages via
+new_session_messages, then run_turn with the embedded engine and the repository tools), and
+graded automatically (bench.answer_grade): the right file and symbol, and citations that
+resolve.
+
+One engine is loaded per model and weights mode and kept for all its questions, which run
+repository by repository, so the engine's prefix cache reuses the packed prefix they share.
+
+python -m bench.answer_eval --model PATH_OR_NAME [--model ...] [--weights auto] \
+    [--context-tokens N] [--limit N] [--repo NAME] [--only ID,ID] [--json PATH] [--md PATH]
+python -m bench.answer_eval --check      # only check the question set against its packages
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.answer_eval_questions import QuestionSetError, build_repo, check, load
+from bench.answer_grade import Expected, RepoIndex, grade
+
+DEFAULT_MAX_TOKENS = 256  # the answers asked for are a sentence or two; `ask` allows 400
+
+
+class Recorder:
+    """An `ask` output (agentctx.output's interface) that keeps what a turn emitted and
+    prints coarse progress to stderr."""
+
+    def __init__(self, label: str, progress_every: int = 2048) -> None:
+        self.label, self.every = label, progress_every
+        self.info_lines: list[str] = []
+        self.tool_events: list[dict] = []
+        self.shown = 0
+        self.usage: dict | None = None
+
+    def info(self, line: str) -> None:
+        self.info_lines.append(line)
+
+    def prefill(self, done: int, total: int) -> None:
+        if done >= total or done - self.shown >= self.every:
+            self.shown = done
+            _log(f"  {self.label}: prefill {done:,}/{total:,}")
+
+    def text(self, delta: str) -> None:
+        pass  # the answer is the turn's result
+
+    def tool_call(self, call) -> None:
+        _log(f"  {self.label}: -> {call.label()[:120]}")
+
+    def tool_result(self, call) -> None:
+        self.tool_events.append({"name": call.name, "error": call.error})
+
+    def end(self, usage: dict) -> None:
+        self.usage = usage
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def expected_in_context(packed, path: str) -> str:
+    """How the expected file went into the prompt: full, or the packing's reason if not."""
+    reasons = {o.path: o.reason for o in packed.omitted}
+    if path in reasons:
+        return reasons[path]  # "truncated" (also packed), "budget", ...
+    return "full" if any(f.path == path for f in packed.files) else "absent"
+
+
+def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps, index) -> dict:
+    """One question (asked as `prompt`) through the product path; the answer graded."""
+    from agentctx.ask import new_session_messages, open_engine_session, run_turn
+
+    out = Recorder(q.id)
+    record: dict = {"id": q.id, "repo": q.repo, "question": prompt}
+    start = time.perf_counter()
+    es = None
+    try:
+        messages, packed = new_session_messages(
+            engine, root, prompt, params, context_tokens, out, "repo"
+        )
+        es = open_engine_session(engine, None, out)
+        result = run_turn(engine, messages, params, out, root, "repo", max_steps, session=es)
+    except Exception as e:  # noqa: BLE001 (an engine or tool failure is this question's result)
+        record.update(error=f"{type(e).__name__}: {e}", wall_s=time.perf_counter() - start)
+        return record
+    finally:
+        if es is not None:
+            es.close()
+    wall = time.perf_counter() - start
+    expected = [Expected(a.file, a.symbol) for a in q.answers]
+    graded = grade(result.answer, expected, index, q.facts)
+    calls = [
+        {"name": c.name, "arguments": c.arguments, "ok": c.error is None, "error": c.error}
+        for step in result.steps
+        for c in step.calls
+    ]
+    record.update(
+        answer=result.answer,
+        finish_reason=result.finish_reason,
+        grade=graded.to_dict(),
+        tool_calls=calls,
+        usage=result.usage,
+        packing=out.info_lines[0] if out.info_lines else "",
+        expected_file=[expected_in_context(packed, a.file) for a in q.answers],
+        wall_s=round(wall, 2),
+    )
+    return record
+
+
+def summarize(records: list[dict]) -> dict:
+    graded = [r for r in records if "grade" in r]
+    cites = [c for r in graded for c in r["grade"]["citations"]]
+    calls = [c for r in graded for c in r["tool_calls"]]
+    ttft = [r["usage"]["ttft_s"] for r in graded if r["usage"].get("ttft_s") is not None]
+    decode = [r["usage"]["decode_tok_s"] for r in graded if r["usage"].get("decode_tok_s")]
+    n = len(records)
+    return {
+        "questions": n,
+        "errors": n - len(graded),
+        "correct": sum(r["grade"]["correct"] for r in graded),
+        "file_named": sum(r["grade"]["file_ok"] for r in graded),
+        "symbol_named": sum(r["grade"]["symbol_ok"] for r in graded),
+        "citations": len(cites),
+        "citations_resolved": sum(c["resolved"] for c in cites),
+        "citations_unchecked": sum(c["why"] == "unchecked" for c in cites),
+        "tool_calls": len(calls),
+        "tool_calls_ok": sum(c["ok"] for c in calls),
+        "questions_with_tools": sum(bool(r["tool_calls"]) for r in graded),
+        "expected_file_in_full": sum("full" in r["expected_file"] for r in graded),
+        "ttft_s_mean": round(statistics.mean(ttft), 2) if ttft else None,
+        "decode_tok_s_median": round(statistics.median(decode), 2) if decode else None,
+        "wall_s": round(sum(r["wall_s"] for r in records), 1),
+    }
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({part / whole:.0%})" if whole else "0/0"
+
+
+def markdown(runs: list[dict], meta: dict) -> str:
+    lines = [
+        "| model | weights | correct | file named | symbol named | citations resolve "
+        "| tool calls ok/made (questions using tools) | expected file packed in full "
+        "| TTFT mean (s) | decode tok/s (median) | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        s = run["summary"]
+        n = s["questions"]
+        lines.append(
+            f"| {run['model']} | {run['weights_mode']} | {_pct(s['correct'], n)} "
+            f"| {_pct(s['file_named'], n)} | {_pct(s['symbol_named'], n)} "
+            f"| {_pct(s['citations_resolved'], s['citations'])}"
+            f" ({s['citations_unchecked']} unchecked) "
+            f"| {s['tool_calls_ok']}/{s['tool_calls']} ({s['questions_with_tools']}) "
+            f"| {_pct(s['expected_file_in_full'], n)} | {s['ttft_s_mean']} "
+            f"| {s['decode_tok_s_median']} | {s['wall_s']} |"
+        )
+    for run in runs:
+        lines += ["", f"{run['model']} ({run['weights_mode']}), per question:", ""]
+        lines += [
+            "| question | correct | file | symbol | fact | citations ok | tools ok/made "
+            "| expected file | prompt tokens (reused) | TTFT (s) | answer |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in run["records"]:
+            lines.append(_question_row(r))
+    for run in runs[:1]:
+        sizes = ", ".join(f"{name} {n:,}" for name, n in run.get("repo_tokens", {}).items())
+        lines += ["", f"Repository sizes in {run['model']}'s tokens: {sizes}."] if sizes else []
+    lines += ["", f"Command: `{meta['command']}`", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _question_row(r: dict) -> str:
+    if "grade" not in r:
+        return f"| {r['id']} | error | | | | | | | | | {_cell(r['error'])} |"
+    g, u = r["grade"], r["usage"]
+    yes = lambda v: "yes" if v else "no"
+    cites = sum(c["resolved"] for c in g["citations"])
+    ok = sum(c["ok"] for c in r["tool_calls"])
+    return (
+        f"| {r['id']} | {yes(g['correct'])} | {yes(g['file_ok'])} | {yes(g['symbol_ok'])} "
+        f"| {yes(g['fact_ok'])} | {cites}/{len(g['citations'])} | {ok}/{len(r['tool_calls'])} "
+        f"| {'/'.join(r['expected_file'])} | {u.get('prompt_tokens')} ({u.get('cached_tokens')}) "
+        f"| {u.get('ttft_s')} | {_cell(r['answer'])} |"
+    )
+
+
+def _cell(text: str, width: int = 90) -> str:
+    flat = " ".join(text.split()).replace("|", "\\|")
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def hardware() -> dict:
+    info = {"nproc": os.cpu_count(), "machine": platform.machine(),
+            "python": platform.python_version(), "load_average": os.getloadavg()}  # fmt: skip
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        info["lscpu"] = lscpu.splitlines()[:12]
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    try:
+        import torch
+
+        info["torch"], info["torch_threads"] = torch.__version__, torch.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.answer_eval", description=__doc__.split("\n\n")[0])  # fmt: skip
+    ap.add_argument(
+        "--model", action="append", help="as `ask --model` (repeatable; default: default)"
+    )
+    ap.add_argument("--weights", action="append", choices=["auto", "dense", "int4"],
+                    help="weights modes to run each model in (repeatable; default auto)")  # fmt: skip
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--context-tokens", type=int, default=None, help="cap on packed tokens")
+    ap.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    ap.add_argument("--max-steps", type=int, default=None, help="tool steps (default: ask's)")
+    ap.add_argument("--speculate", default="auto", help="as `ask --speculate`")
+    ap.add_argument("--repo", action="append", help="only these repositories (repeatable)")
+    ap.add_argument("--only", default=None, help="only these question ids, comma-separated")
+    ap.add_argument("--limit", type=int, default=None, help="the first N questions selected")
+    ap.add_argument("--questions", default=None, help="a question set (default: bench's)")
+    ap.add_argument("--json", dest="json_path", default=None, help="write results as JSON")
+    ap.add_argument("--md", dest="md_path", default=None, help="write the tables as markdown")
+    ap.add_argument("--check", action="store_true", help="check the question set and exit")
+    args = ap.parse_args(argv)
+    for name in ("context_tokens", "max_tokens", "limit", "max_steps"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "max_steps" else 1):
+            ap.error(
+                f"--{name.replace('_', '-')} must be at least {0 if name == 'max_steps' else 1}"
+            )
+    return args
+
+
+def select(qs, args) -> list:
+    chosen = qs.questions
+    if args.repo:
+        unknown = set(args.repo) - set(qs.repos)
+        if unknown:
+            raise QuestionSetError(f"unknown repository: {', '.join(sorted(unknown))}")
+        chosen = [q for q in chosen if q.repo in args.repo]
+    if args.only:
+        ids = [i.strip() for i in args.only.split(",") if i.strip()]
+        missing = set(ids) - {q.id for q in chosen}
+        if missing:
+            raise QuestionSetError(f"no such question: {', '.join(sorted(missing))}")
+        chosen = [q for q in chosen if q.id in ids]
+    chosen = sorted(chosen, key=lambda q: list(qs.repos).index(q.repo))  # (stable)
+    return chosen[: args.limit] if args.limit else chosen
+
+
+def evaluate(args, qs, questions, roots: dict[str, Path], meta: dict) -> list[dict]:
+    from agentctx.agent import DEFAULT_MAX_STEPS
+    from agentctx.engine_options import engine_config
+    from engine import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, repetition_penalty=1.1)
+    max_steps = DEFAULT_MAX_STEPS if args.max_steps is None else args.max_steps
+    indexes = {name: RepoIndex(root) for name, root in roots.items()}
+    runs: list[dict] = []
+    for model in args.model or ["default"]:
+        for weights in args.weights or ["auto"]:
+            _log(f"loading {model} (weights {weights})...")
+            config = engine_config(None, None, None, "off", args.speculate, "timed")
+            engine = Engine.load(model, device=args.device, weights=weights, config=config)
+            run = {"model": model, "engine": engine.name, "weights": weights,
+                   "weights_mode": engine.weights_mode, "device": str(engine.device),
+                   "max_model_len": engine.max_model_len, "records": [],
+                   "repo_tokens": {name: _repo_tokens(engine, indexes[name]) for name in roots}}  # fmt: skip
+            runs.append(run)
+            for i, q in enumerate(questions, 1):
+                r = run_question(engine, str(roots[q.repo]), q, qs.prompt(q), params,
+                                 args.context_tokens, max_steps, indexes[q.repo])  # fmt: skip
+                run["records"].append(r)
+                run["summary"] = summarize(run["records"])
+                _log(f"[{i}/{len(questions)}] {q.id}: " + _brief(r))
+                write_outputs(args, runs, meta)  # a long run's results survive its end
+            del engine
+    return runs
+
+
+def _repo_tokens(engine, index: RepoIndex) -> int:
+    return sum(engine.count_tokens("\n".join(index.lines(f))) for f in index.files)
+
+
+def _brief(r: dict) -> str:
+    if "grade" not in r:
+        return f"error: {r['error']} ({r['wall_s']:.0f} s)"
+    g, calls = r["grade"], r["tool_calls"]
+    return (
+        f"{'correct' if g['correct'] else 'wrong'}, citations {g['citations_resolved']}"
+        f"/{len(g['citations'])}, tools {sum(c['ok'] for c in calls)}/{len(calls)}, "
+        f"{r['wall_s']:.0f} s"
+    )
+
+
+def write_outputs(args, runs: list[dict], meta: dict) -> None:
+    if args.json_path:
+        data = {"meta": meta, "runs": runs}
+        Path(args.json_path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    if args.md_path:
+        Path(args.md_path).write_text(markdown(runs, meta))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        qs = load(args.questions) if args.questions else load()
+        questions = select(qs, args)
+        with tempfile.TemporaryDirectory(prefix="answer-eval-") as tmp:
+            needed = list(qs.repos) if args.check else sorted({q.repo for q in questions})
+            roots = {name: build_repo(qs.repos[name], Path(tmp)) for name in needed}
+            check(qs if args.check else _subset(qs, questions), roots)
+            if args.check:
+                print(f"{len(qs.questions)} questions over {len(roots)} repositories: all "
+                      "expected files and symbols are where the set says")  # fmt: skip
+                return 0
+            meta = {"command": "python -m bench.answer_eval " + shlex.join(sys.argv[1:] if argv is None else argv),
+                    "hardware": hardware(), "questions": len(questions),
+                    "repos": {n: qs.repos[n].about for n in needed}}  # fmt: skip
+            runs = evaluate(args, qs, questions, roots, meta)
+    except QuestionSetError as e:
+        print(f"answer_eval: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        from engine import EngineError
+
+        if not isinstance(e, EngineError):
+            raise
+        print(f"answer_eval: error: {e}", file=sys.stderr)
+        return 1
+    write_outputs(args, runs, meta)
+    print(markdown(runs, meta), end="")
+    return 0
+
+
+def _subset(qs, questions):
+    from bench.answer_eval_questions import QuestionSet
+
+    return QuestionSet(qs.repos, list(questions))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The answer evaluation's question set and harness: the set is checked against the real
+packages it asks about, a set that no longer matches fails loudly, and the harness runs a
+question through `ask`'s own path with a real model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.answer_eval import markdown, summarize
+from bench.answer_eval_questions import (
+    QUESTIONS_PATH,
+    QuestionSetError,
+    build_repo,
+    check,
+    load,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_eval(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.answer_eval", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def edited_set(tmp_path, edit) -> Path:
+    data = json.loads(QUESTIONS_PATH.read_text())
+    edit(data)
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_set_is_big_enough_and_matches_its_packages(tmp_path):
+    qs = load()
+    assert len(qs.questions) >= 30 and len(qs.repos) >= 3
+    roots = {name: build_repo(spec, tmp_path) for name, spec in qs.repos.items()}
+    check(qs, roots)  # raises on any expected file or symbol that moved
+    for name, root in roots.items():
+        assert subprocess.run(["git", "log", "--oneline"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip(), name  # fmt: skip
+
+
+def test_moved_lines_missing_symbols_and_files_fail_loudly(tmp_path):
+    def rot(data):
+        data["questions"][0]["answers"][0]["lines"] = [1, 2]
+        data["questions"][1]["answers"][0]["symbol"] = "no_such_function"
+        data["questions"][2]["answers"][0]["file"] = "json/gone.py"
+
+    qs = load(edited_set(tmp_path, rot))
+    roots = {"json": build_repo(qs.repos["json"], tmp_path)}
+    qs.questions = [q for q in qs.questions if q.repo == "json"]
+    with pytest.raises(QuestionSetError) as e:
+        check(qs, roots)
+    message = str(e.value)
+    assert "3 problems" in message and "not 1-2" in message
+    assert "defines no no_such_function" in message and "json/gone.py is not in json" in message
+
+
+def test_a_package_of_another_version_is_refused(tmp_path):
+    def bump(data):
+        data["repos"]["click"]["version"] = "0.0.1"
+
+    qs = load(edited_set(tmp_path, bump))
+    with pytest.raises(QuestionSetError, match=r"questions are for click 0\.0\.1, this is "):
+        build_repo(qs.repos["click"], tmp_path)
+
+
+def test_command_line_check_and_errors(tmp_path):
+    ok = run_eval("--check")
+    assert ok.returncode == 0 and "all expected files and symbols" in ok.stdout
+    bad = run_eval("--only", "json-01,nope-99")
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "answer_eval: error: no such question: nope-99"
+    rotten = edited_set(tmp_path, lambda d: d["questions"][0]["answers"][0].update(lines=[5, 6]))
+    loud = run_eval("--check", "--questions", str(rotten))
+    assert loud.returncode == 1 and "Traceback" not in loud.stderr
+    assert len(loud.stderr.strip().splitlines()) == 1
+    assert run_eval("--limit", "0").returncode == 2
+
+
+def test_summary_and_tables_count_what_the_records_hold():
+    def record(qid, correct, cites, calls):
+        return {
+            "id": qid, "repo": "json", "question": "?", "answer": "a | b",
+            "grade": {"correct": correct, "file_ok": True, "symbol_ok": correct, "fact_ok": True,
+                      "citations": [{"resolved": r, "why": ""} for r in cites]},
+            "tool_calls": [{"ok": ok} for ok in calls], "expected_file": ["full"],
+            "usage": {"ttft_s": 2.0, "decode_tok_s": 10.0, "prompt_tokens": 9,
+                      "cached_tokens": 0},
+            "wall_s": 3.0,
+        }  # fmt: skip
+
+    records = [record("a", True, [True, False], [True]), record("b", False, [True], [False]),
+               {"id": "c", "repo": "json", "error": "EngineError: boom", "wall_s": 1.0}]  # fmt: skip
+    s = summarize(records)
+    assert (s["questions"], s["errors"], s["correct"]) == (3, 1, 1)
+    assert (s["citations"], s["citations_resolved"]) == (3, 2)
+    assert (s["tool_calls"], s["tool_calls_ok"], s["questions_with_tools"]) == (2, 1, 2)
+    assert s["wall_s"] == 7.0
+    run = {"model": "m", "weights_mode": "dense", "summary": s, "records": records,
+           "repo_tokens": {"json": 11408}}  # fmt: skip
+    table = markdown([run], {"command": "python -m bench.answer_eval"})
+    assert "| m | dense | 1/3 (33%) |" in table
+    assert "a \\| b" in table and "EngineError: boom" in table
+    assert "m's tokens: json 11,408." in table
+
+
+@pytest.mark.slow
+def test_one_question_end_to_end_with_a_real_model(tmp_path, default_checkpoint):
+    out = tmp_path / "r.json"
+    done = run_eval("--only", "json-01", "--context-tokens", "600", "--max-tokens", "24",
+                    "--max-steps", "1", "--json", str(out), "--md", str(tmp_path / "r.md"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    (r,) = run["records"]
+    assert r["id"] == "json-01" and "grade" in r, r
+    assert r["usage"]["prompt_tokens"] > 0 and r["usage"]["completion_tokens"] >= 1
+    assert set(r["grade"]) >= {"correct", "file_ok", "symbol_ok", "citations"}
+    assert r["packing"].startswith("packed ")
+    assert run["summary"]["questions"] == 1 and "| json-01 |" in (tmp_path / "r.md").read_text()
