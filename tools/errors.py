@@ -29,3 +29,11 @@ class FileTooLargeError(ToolError):
 
 class UnreadableFileError(ToolError):
     """The OS refused the read: missing file, permissions, a directory."""
+
+
+class SecretPathError(ToolError):
+    """The path looks like a secret (tools.secrets): no tool shows it to the model."""
+
+
+class PatternError(ToolError):
+    """A regular expression that is invalid, too long, too complex or too slow to match."""

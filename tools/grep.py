@@ -9,10 +9,13 @@ import pathspec
 
 from tools.errors import ToolError
 from tools.read_file import split_lines
+from tools.regex_guard import GuardedPattern, compile_guarded
 from tools.repo_files import list_files, read_text, resolve_root
 
 # Long enough to show the match in context, short enough that 200 hits stay readable.
 MATCH_LINE_CHARS = 200
+# A path is at most 4096 bytes; no glob for one is longer.
+MAX_GLOB_CHARS = 1000
 
 
 def grep(
@@ -28,12 +31,8 @@ def grep(
     base = resolve_root(root)
     paths = list_files(base)
     if path_glob:
-        # git's wildcard rules: "*.py" matches at any depth, "src/" a whole directory
-        try:
-            spec = pathspec.GitIgnoreSpec.from_lines([path_glob])
-        except (ValueError, re.error):  # "[z-a]", a lone "!" or "\"
-            raise ToolError(f"invalid path_glob {path_glob!r}") from None
-        paths = [path for path in paths if spec.match_file(path)]
+        glob = compile_glob(path_glob)
+        paths = [path for path in paths if glob is not None and glob.match(path)]
 
     shown: list[str] = []
     found = skipped = 0
@@ -61,11 +60,29 @@ def grep(
     return "\n".join(shown)
 
 
-def compile_pattern(pattern: str, ignore_case: bool) -> re.Pattern[str]:
+def compile_pattern(pattern: str, ignore_case: bool) -> GuardedPattern:
+    """The pattern, matched within a time budget: `error: pattern too slow` past it."""
+    return compile_guarded(pattern, ignore_case)
+
+
+def compile_glob(path_glob: str) -> GuardedPattern | None:
+    """git's wildcard rules ("*.py" matches at any depth, "src/" a whole directory), as a
+    guarded pattern: '*' * 200 + 'x' backtracks as badly as any regex. None where the glob
+    matches nothing (a comment, a "!negation")."""
+    if len(path_glob) > MAX_GLOB_CHARS:
+        raise ToolError(
+            f"path_glob too long: {len(path_glob):,} characters, limit {MAX_GLOB_CHARS}"
+        )
     try:
-        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-    except re.error as exc:
-        raise ToolError(f"invalid regex {pattern!r}: {exc}") from exc
+        spec = pathspec.GitIgnoreSpec.from_lines([path_glob])
+    except (ValueError, re.error):  # "[z-a]", a lone "!" or "\"
+        raise ToolError(f"invalid path_glob {path_glob!r}") from None
+    # one pattern: a path is in when that pattern matches and includes (not "!...")
+    found = [p for p in spec.patterns if p.include and p.regex is not None]
+    if not found:
+        return None
+    # pathspec writes a glob's regex, some 4 characters for each of the glob's
+    return compile_guarded(found[0].regex.pattern, max_chars=8 * MAX_GLOB_CHARS)
 
 
 def clip_around(line: str, at: int, limit: int = MATCH_LINE_CHARS) -> str:
