@@ -65,5 +65,8 @@ def _span(node: ast.stmt) -> str:
 
 
 def _unparse(node: ast.AST) -> str:
-    text = ast.unparse(node)
+    try:
+        text = ast.unparse(node)
+    except RecursionError:  # x=------...1 parses, but unparsing recurses once per "-"
+        return "..."
     return text if len(text) <= 120 else text[:117] + "..."
