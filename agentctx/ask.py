@@ -11,12 +11,13 @@ import time
 from dataclasses import dataclass, field
 
 from agentctx.agent import DEFAULT_MAX_STEPS
-from agentctx.packing import PackedContext, pack_repository, summary_line
+from agentctx.packing import MAP_SHARE, PackedContext, pack_repository, summary_line
 
 SYSTEM_PROMPT = (
     "You are agentctx, an assistant that answers questions about a code repository. "
-    "The repository's files are given with line numbers. Answer from them, briefly, "
-    "and cite files as path:line."
+    "The repository is given as a map of all its files (each with its classes and functions "
+    "as name:line), then the files most relevant to the question with line numbers. Answer "
+    "from them, briefly, and cite files as path:line."
 )
 BOOK_SYSTEM_PROMPT = (
     "You are agentctx, an assistant that answers questions about a book. Chapters of the "
@@ -24,6 +25,9 @@ BOOK_SYSTEM_PROMPT = (
     "'line N' or chapters by title."
 )
 FOLLOW_UP_RESERVE = 1024  # tokens a new session leaves free for later turns
+# Tokens a new session also leaves free for tool results, when the model takes tools: a
+# read_file of a few hundred lines, a grep's matches.
+TOOL_RESULT_RESERVE = 4096
 
 
 @dataclass(slots=True)
@@ -44,20 +48,34 @@ def first_messages(packed: PackedContext, question: str, kind: str = "repo") -> 
 
 
 def pack_for(engine, root, question, max_tokens, context_tokens, kind="repo") -> PackedContext:
+    """Pack within the window, leaving room for the prompt around the packed text (the tool
+    schemas included), the answer, a follow-up and, for a model that takes tools, their
+    results."""
+    from agentctx.agent import engine_tool_format
     from engine import ContextTooLongError
+    from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
 
+    takes_tools = engine_tool_format(engine) is not None
+    tools = schemas(BOOK_TOOLS if kind == "book" else REPO_TOOLS) if takes_tools else None
     empty = first_messages(PackedContext("", [], [], 0, None), question, kind)
-    overhead = len(engine.chat_tokens(empty)) + 16
+    overhead = len(engine.chat_tokens(empty, tools=tools)) + 16
     if overhead >= engine.max_model_len:
         raise ContextTooLongError(overhead, engine.max_model_len, what="the question")
-    budget = engine.max_model_len - overhead - max_tokens - FOLLOW_UP_RESERVE
+    reserve = max_tokens + FOLLOW_UP_RESERVE + (TOOL_RESULT_RESERVE if takes_tools else 0)
+    budget = engine.max_model_len - overhead - reserve
     if context_tokens:
         budget = min(budget, context_tokens)
     if kind == "book":
         from agentctx.book_packing import pack_book
 
         return pack_book(root, question, engine.count_tokens, max(budget, 0))
-    return pack_repository(root, question, engine.count_tokens, max(budget, 0))
+    # the map's budget leaves the question out: the map, the prompt's prefix, is then the
+    # same for every question, and a second question on the repository reuses its KV
+    room = engine.max_model_len - reserve - len(engine.chat_tokens(empty[:1], tools=tools))
+    map_budget = int(min(room, context_tokens or room) * MAP_SHARE)
+    return pack_repository(
+        root, question, engine.count_tokens, max(budget, 0), map_budget=max(map_budget, 0)
+    )
 
 
 def run_turn(
@@ -192,10 +210,31 @@ def speculation_usage(stats) -> dict:
 
 
 def new_session_messages(
-    engine, root: str, question: str, params, context_tokens, output, kind: str = "repo"
-):
+    engine, root: str, question: str, params, context_tokens, output, kind: str = "repo",
+    show_packing: bool = False,
+):  # fmt: skip
+    """The first turn's messages, and what was packed. The summary line goes to `output`
+    (with the manifest as data where it takes it: the --json info event), then any warning
+    and, with show_packing, the whole manifest. Nothing packed from a book is an error."""
+    from agentctx.packing_report import manifest_data, report_lines, stored_manifest
+    from tools.errors import ToolError
+
     packed = pack_for(engine, root, question, params.max_tokens, context_tokens, kind)
-    output.info(summary_line(packed, "chapter" if kind == "book" else "file"))
+    summary = summary_line(packed, "chapter" if kind == "book" else "file")
+    with_data = getattr(output, "packing", None)
+    if with_data is not None:
+        with_data(summary, manifest_data(packed))
+    else:
+        output.info(summary)
+    if kind == "book" and not packed.files:
+        raise ToolError(
+            f"{packed.warnings[0] if packed.warnings else 'nothing of the book fits'}: "
+            "raise --context-tokens or use a model with a larger window"
+        )
+    for warning in packed.warnings:
+        output.info(f"warning: {warning}")
+    if show_packing:
+        output.info("\n".join(report_lines(*stored_manifest(packed), tokens=packed.tokens)))
     return first_messages(packed, question, kind), packed
 
 
@@ -208,15 +247,11 @@ def save_turn(store, session, name, root, kind, model, messages, packed, result,
             for m in messages:
                 store.add_message(session.id, m["role"], m["content"])
             if packed is not None:
+                from agentctx.packing_report import stored_manifest
+
+                files, omitted = stored_manifest(packed)
                 store.add_manifest(
-                    session.id,
-                    [{"path": f.path, "tokens": f.tokens} for f in packed.files],
-                    [
-                        {"path": f.path, "tokens": f.tokens, "reason": f.reason}
-                        for f in packed.omitted
-                    ],
-                    tokens=packed.tokens,
-                    commit_sha=packed.commit,
+                    session.id, files, omitted, tokens=packed.tokens, commit_sha=packed.commit
                 )
         else:
             store.add_message(session.id, "user", messages[-1]["content"])

@@ -142,6 +142,11 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     help="Cap on packed repository tokens.",
 )
 @click.option(
+    "--show-packing",
+    is_flag=True,
+    help="List every file packed in full, truncated, in the map only, or left out (stderr).",
+)
+@click.option(
     "--max-steps",
     default=DEFAULT_MAX_STEPS,
     show_default=True,
@@ -158,8 +163,8 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
 )
 @kv_options
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, max_steps, device, weights, sparse, gpu_kv_budget, host_kv_budget,
-        forecast, prefetch, speculate) -> None:  # fmt: skip
+        context_tokens, show_packing, max_steps, device, weights, sparse, gpu_kv_budget,
+        host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session."""
     from agentctx.ask import (
         history_messages,
@@ -212,7 +217,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
             messages = history + [{"role": "user", "content": question}]
         else:
             messages, packed = new_session_messages(
-                engine, root, question, params, context_tokens, output, kind
+                engine, root, question, params, context_tokens, output, kind, show_packing
             )
         turn = (store, session, session_ref, root, kind, model, messages, packed)
         es = open_engine_session(engine, session if not no_save else None, output)
@@ -300,13 +305,17 @@ def sessions_show(ref: str, as_json: bool) -> None:
     def show():
         store = _store()
         s = store.get(ref)
-        return s, store.messages(s.id)
+        return s, store.messages(s.id), store.manifests(s.id)
 
-    s, msgs = _run(show)
+    s, msgs, manifests = _run(show)
     if as_json:
         from sessions.session_file import finite
 
         data = _session_dict(s)  # (timings: NaN and inf, which JSON lacks, become null)
+        data["manifests"] = [
+            {"tokens": m.tokens, "commit": m.commit_sha, "files": m.files, "omitted": m.omitted}
+            for m in manifests
+        ]
         data["messages"] = [
             {
                 "seq": m.seq,
@@ -322,6 +331,12 @@ def sessions_show(ref: str, as_json: bool) -> None:
     click.echo(
         f"session {s.id}{f' ({s.name})' if s.name else ''}: {s.root_kind} {s.root}, model {s.model}"
     )
+    from agentctx.packing_report import report_lines
+
+    for m in manifests:
+        at = f" at {m.commit_sha[:12]}" if m.commit_sha else ""
+        click.echo(f"\n--- packed context{at}")
+        click.echo("\n".join(report_lines(m.files, m.omitted, m.tokens)))
     for m in msgs:
         body = (
             m.content

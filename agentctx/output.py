@@ -109,6 +109,10 @@ class JsonOutput:
     def info(self, line: str) -> None:
         self._emit({"type": "info", "message": line})
 
+    def packing(self, line: str, manifest: dict) -> None:
+        """The packing summary, with the manifest as data."""
+        self._emit({"type": "info", "message": line, "manifest": manifest})
+
     def prefill(self, done: int, total: int) -> None:
         self._emit({"type": "prefill", "prefilled": done, "total": total})
 

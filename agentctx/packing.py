@@ -1,90 +1,55 @@
-"""Pack a repository's text files into one prompt context under a token budget.
+"""Pack a repository into one prompt context under a token budget.
 
-Files are rendered with line numbers so an answer can cite path:line, ordered so the
-most useful ones come first (README, docs, entry points, then BM25 relevance to the
-question), and included whole while they fit.
+First a map of the whole repository (agentctx.repo_map): every file's path and size, and the
+outline of the code. The map depends only on the repository and its budget, so it is the
+same prefix for every question. Then the files most relevant to the question
+(agentctx.ranking), whole while they fit, rendered with line numbers so an answer can cite
+path:line; a relevant file too big for the room left gets its head, and the rest are in the
+map only.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import PurePosixPath
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from agentctx.code_outline import outline_symbols
+from agentctx.ranking import is_boilerplate, rank_paths
+from agentctx.ranking import relevance as _relevance
+from agentctx.repo_map import MapEntry, RepoMap, build_map
 from tools.errors import BinaryFileError, FileTooLargeError, RootError, ToolError
 from tools.names import printable
-from tools.repo_files import head_commit, list_files, read_text, resolve_root
+from tools.repo_files import confine, head_commit, list_files, read_text, resolve_root
 
-REASON_BUDGET = "budget"
+REASON_BUDGET = "budget"  # did not fit: in the map only
 REASON_TRUNCATED = "truncated"
 REASON_BINARY = "binary"
 REASON_TOO_LARGE = "too large"
 REASON_UNREADABLE = "unreadable"
 
-ENTRY_POINT_NAMES = frozenset(
-    {
-        "pyproject.toml",
-        "setup.py",
-        "package.json",
-        "cargo.toml",
-        "go.mod",
-        "makefile",
-        "__main__.py",
-        "cli.py",
-        "app.py",
-        "lib.rs",
-    }
-)
-ENTRY_POINT_STEMS = frozenset({"main", "index"})
-DOC_SUFFIXES = frozenset({".md", ".rst", ".markdown", ".adoc"})
-DOC_DIRS = frozenset({"docs", "doc"})
-# Machine-written files: big, and rarely what a question is about, so they go last.
-GENERATED_NAMES = frozenset(
-    {
-        "package-lock.json",
-        "yarn.lock",
-        "pnpm-lock.yaml",
-        "poetry.lock",
-        "uv.lock",
-        "cargo.lock",
-        "pipfile.lock",
-        "composer.lock",
-        "gemfile.lock",
-        "go.sum",
-    }
-)
-GENERATED_SUFFIXES = (".min.js", ".min.css", ".map", ".svg")
-
+# The map's share of the budget when the caller gives it none; what it does not use goes
+# to the files.
+MAP_SHARE = 0.5
 # Truncating a file to fewer lines than this shows too little to be worth the tokens.
 MIN_TRUNCATED_LINES = 20
-# Only the best-ranked files that did not fit are tried for a truncated head.
+# Only files this high in the ranking get a truncated head when they do not fit whole, and
+# at most this many of them, each at most a share of the files' room.
+TRUNCATION_RANKS = 8
 TRUNCATION_CANDIDATES = 3
+FIRST_TRUNCATED_SHARE, TRUNCATED_SHARE = 2 / 3, 1 / 3
 # Each attempt costs a count_tokens call; the estimate converges in one or two.
 TRUNCATION_ATTEMPTS = 4
-
-# BM25's usual constants; path words count extra since a file's name says what it is about.
-BM25_K1 = 1.2
-BM25_B = 0.75
-PATH_WEIGHT = 3
-# camelCase and snake_case pieces: "parseHTTPHeader_v2" -> parse, HTTP, Header, v, 2
-_WORD_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-_WORD = re.compile(r"[A-Za-z0-9_]+")
-# Question words that say nothing about which file matters.
-_STOPWORD_TEXT = (
-    "a an and are as at be by can do does for from how i in is it its me of on or "
-    "the this that to what when where which who why with you your there here"
-)
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
 
 @dataclass(slots=True)
 class PackedFile:
     path: str
     tokens: int
+    packed: str = "full"  # "full", or "truncated" (its head)
+    lines: int | None = None  # lines shown
+    total_lines: int | None = None
 
 
 @dataclass(slots=True)
@@ -92,6 +57,16 @@ class OmittedFile:
     path: str
     tokens: int | None  # tokens left out; None where the file was never rendered
     reason: str  # "budget", "truncated", "binary", "too large", "unreadable"
+    map: str = ""  # how the map shows it: "outline", "path" (and size), "" (not named)
+
+
+@dataclass(slots=True)
+class MapSummary:
+    tokens: int
+    files: int  # files in the repository
+    listed: int  # files the map names
+    detail: str
+    notes: list[str]
 
 
 @dataclass(slots=True)
@@ -101,6 +76,9 @@ class PackedContext:
     omitted: list[OmittedFile]  # a truncated file is in both lists
     tokens: int  # tokens of text
     commit: str | None  # HEAD sha if a git repository with commits
+    map: MapSummary | None = None
+    budget: int | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def tokens_omitted(self) -> int:
@@ -112,6 +90,8 @@ class _Rendering:
     path: str
     text: str
     tokens: int
+    shown: int
+    total: int
 
 
 def pack_repository(
@@ -120,76 +100,129 @@ def pack_repository(
     count_tokens: Callable[[str], int],
     budget_tokens: int,
     max_file_bytes: int = 200_000,
+    map_budget: int | None = None,
 ) -> PackedContext:
+    """The map (within map_budget, default MAP_SHARE of the budget), then the files."""
     base = resolve_root(root)
-    omitted: list[OmittedFile] = []
+    texts, unread = _read_all(base, max_file_bytes)
+    if not texts:
+        raise RootError(f"repository has no text files: {printable(str(base))}")
+    lines_of = {path: _split_lines(text) for path, text in texts.items()}
+    symbols = {path: outline_symbols(path, text) for path, text in texts.items()}
+    entries = [
+        MapEntry(path, len(lines_of[path]), len(texts[path].encode("utf-8", "surrogatepass")),
+                 symbols[path])
+        for path in texts
+    ] + [MapEntry(path, None, size) for path, (_, size) in unread.items()]  # fmt: skip
+    budget = max(budget_tokens, 0)
+    limit = int(budget * MAP_SHARE) if map_budget is None else map_budget
+    repo_map = build_map(entries, max(min(limit, budget - 1), 0), count_tokens)
+    names = {path: [s.name for s in found] for path, found in symbols.items()}
+    ranked = rank_paths(texts, question, names, _project_names(base, texts))
+    prefix = repo_map.text + "\n" if repo_map.text else ""
+    chosen, full_tokens = _choose(ranked, texts, lines_of, budget - repo_map.tokens, count_tokens)
+    text, tokens = _join_within_budget(prefix, chosen, budget, count_tokens)
+    return _context(base, repo_map, ranked, chosen, full_tokens, unread, text, tokens, budget)
+
+
+def _read_all(base: Path, max_file_bytes: int) -> tuple[dict[str, str], dict]:
     texts: dict[str, str] = {}
+    unread: dict[str, tuple[str, int]] = {}  # path -> (reason, size in bytes)
     # list_files gives names in show_path's form: printable, whatever bytes a name has
     # on disk, so they can go into the text, and read_text takes them back
     for path in list_files(base):
         try:
             texts[path] = read_text(base, path, max_bytes=max_file_bytes)
+            continue
         except BinaryFileError:
-            omitted.append(OmittedFile(path, None, REASON_BINARY))
+            reason = REASON_BINARY
         except FileTooLargeError:
-            omitted.append(OmittedFile(path, None, REASON_TOO_LARGE))
+            reason = REASON_TOO_LARGE
         except ToolError:
-            omitted.append(OmittedFile(path, None, REASON_UNREADABLE))
-    if not texts:
-        raise RootError(f"repository has no text files: {printable(str(base))}")
+            reason = REASON_UNREADABLE
+        try:
+            size = confine(base, path).stat().st_size
+        except (OSError, ToolError):
+            size = 0
+        unread[path] = (reason, size)
+    return texts, unread
 
-    ranked = rank_paths(texts, question)
-    lines_of = {path: _split_lines(texts[path]) for path in ranked}
+
+def _choose(ranked, texts, lines_of, room, count_tokens):
+    """rank -> rendering of the files packed, whole while they fit, then heads of the best
+    that do not; and every file's full token count."""
+    chosen: dict[int, _Rendering] = {}
     full_tokens: list[int] = []
-    chosen: dict[int, _Rendering] = {}  # rank -> rendering, so text keeps rank order
-    used = 0
+    used, truncations = 0, 0
     for rank, path in enumerate(ranked):
-        rendering = render_file(path, lines_of[path])
+        lines = lines_of[path]
+        rendering = render_file(path, lines)
         tokens = count_tokens(rendering)
         full_tokens.append(tokens)
-        if used + tokens <= budget_tokens:
-            chosen[rank] = _Rendering(path, rendering, tokens)
+        if used + tokens <= room:
+            chosen[rank] = _Rendering(path, rendering, tokens, len(lines), len(lines))
             used += tokens
+        elif (
+            rank < TRUNCATION_RANKS
+            and truncations < TRUNCATION_CANDIDATES
+            and not is_boilerplate(path, texts[path])
+        ):
+            # the best file may take a bigger share of the room than the others
+            limit = FIRST_TRUNCATED_SHARE if rank == 0 else TRUNCATED_SHARE
+            share = min(room - used, int(room * limit))
+            head = _truncate_to_fit(path, lines, tokens, share, count_tokens)
+            if head is not None:
+                chosen[rank] = head
+                used += head.tokens
+                truncations += 1
+    return chosen, full_tokens
 
-    # Leftover budget goes to the head of the best-ranked file that did not fit whole.
-    truncated: set[int] = set()
-    misfits = [rank for rank in range(len(ranked)) if rank not in chosen]
-    for rank in misfits[:TRUNCATION_CANDIDATES]:
-        path = ranked[rank]
-        head = _truncate_to_fit(
-            path, lines_of[path], full_tokens[rank], budget_tokens - used, count_tokens
-        )
-        if head is not None:
-            chosen[rank] = head
-            truncated.add(rank)
-            used += head.tokens
 
-    text, tokens = _join_within_budget(chosen, truncated, budget_tokens, count_tokens)
+def _context(base, repo_map: RepoMap, ranked, chosen, full_tokens, unread, text, tokens, budget):
+    omitted: list[OmittedFile] = []
     for rank, path in enumerate(ranked):
+        how = repo_map.shown.get(path, "")
         if rank not in chosen:
-            omitted.append(OmittedFile(path, full_tokens[rank], REASON_BUDGET))
-        elif rank in truncated:
+            omitted.append(OmittedFile(path, full_tokens[rank], REASON_BUDGET, how))
+        elif chosen[rank].shown < chosen[rank].total:
             left_out = max(full_tokens[rank] - chosen[rank].tokens, 0)
-            omitted.append(OmittedFile(path, left_out, REASON_TRUNCATED))
-    files = [PackedFile(chosen[rank].path, chosen[rank].tokens) for rank in sorted(chosen)]
-    return PackedContext(text, files, omitted, tokens, head_commit(base))
+            omitted.append(OmittedFile(path, left_out, REASON_TRUNCATED, how))
+    for path, (reason, _) in unread.items():
+        omitted.append(OmittedFile(path, None, reason, repo_map.shown.get(path, "")))
+    files = [
+        PackedFile(
+            r.path, r.tokens, "full" if r.shown == r.total else "truncated", r.shown, r.total
+        )
+        for r in (chosen[rank] for rank in sorted(chosen))
+    ]
+    summary = MapSummary(repo_map.tokens, repo_map.files, repo_map.listed, repo_map.detail,
+                         repo_map.notes)  # fmt: skip
+    warnings = []
+    if not files:
+        warnings.append(
+            f"no file fits in full in the {budget:,}-token budget"
+            + (" after the repository map" if repo_map.tokens else "")
+        )
+    if repo_map.listed < repo_map.files:
+        warnings.append(
+            f"the repository map names only {repo_map.listed:,} of {repo_map.files:,} files"
+        )
+    return PackedContext(text, files, omitted, tokens, head_commit(base), summary, budget, warnings)
 
 
-def summary_line(packed: PackedContext, noun: str = "file") -> str:
-    """E.g. "packed 12 files (3,456 tokens); left out 4 files (9,876 tokens)"."""
-    truncated = sum(1 for item in packed.omitted if item.reason == REASON_TRUNCATED)
-    left_out = len(packed.omitted) - truncated
-    line = f"packed {_count(len(packed.files), noun)} ({packed.tokens:,} tokens"
-    line += f", {truncated} truncated)" if truncated else ")"
-    if left_out:
-        # tokens left out include the cut tails of truncated files
-        line += f"; left out {_count(left_out, noun)} ({packed.tokens_omitted:,} tokens)"
-    return line
+def _project_names(base: Path, texts: dict[str, str]) -> frozenset[str]:
+    """The names a question may call the project by: its directory, its top-level packages."""
+    names = {base.name}
+    for path in texts:
+        head, _, rest = path.partition("/")
+        if rest == "__init__.py" or rest in ("package.json", "Cargo.toml", "go.mod"):
+            names.add(head)
+    return frozenset(names)
 
 
 def relevance(texts: dict[str, str], question: str) -> dict[str, float]:
     """BM25 score of each text for the question (0 when nothing matches)."""
-    return _bm25_scores(texts, question)
+    return _relevance(texts, question)
 
 
 def render_file(path: str, lines: list[str], shown: int | None = None) -> str:
@@ -205,83 +238,30 @@ def render_file(path: str, lines: list[str], shown: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def rank_paths(texts: dict[str, str], question: str) -> list[str]:
-    """Paths in packing order: README, docs, entry points, the rest, generated files."""
-    scores = _bm25_scores(texts, question)
-
-    def order(path: str) -> tuple[int, int, float, str]:
-        tier = _tier(path)
-        # among entry points the shallow ones are the project's own, not a fixture's
-        depth = path.count("/") if tier == 2 else 0
-        return (tier, depth, -scores[path], path)
-
-    return sorted(texts, key=order)
-
-
-def _tier(path: str) -> int:
-    pure = PurePosixPath(path)
-    name = pure.name.lower()
-    if len(pure.parts) == 1 and name.startswith("readme"):
-        return 0
-    if name in GENERATED_NAMES or name.endswith(GENERATED_SUFFIXES):
-        return 4
-    if pure.suffix.lower() in DOC_SUFFIXES or pure.parts[0].lower() in DOC_DIRS:
-        return 1
-    if name in ENTRY_POINT_NAMES or pure.stem.lower() in ENTRY_POINT_STEMS:
-        return 2
-    return 3
-
-
-def _query_terms(question: str) -> set[str]:
-    terms = _term_counts(question, with_compounds=True)
-    return {term for term in terms if len(term) > 1 and not term.isdigit()} - _STOPWORDS
-
-
-def _term_counts(text: str, with_compounds: bool) -> Counter[str]:
-    """Lowercased identifier pieces, plus whole compound words so exact names match too."""
-    counts: Counter[str] = Counter()
-    # Counter over findall counts in C; lowercasing per distinct piece keeps big repos fast
-    for piece, number in Counter(_WORD_PART.findall(text)).items():
-        counts[piece.lower()] += number
-    if with_compounds:
-        for word, number in Counter(_WORD.findall(text)).items():
-            tail = word[1:]
-            # a compound has an inner underscore or a case change after its first letter
-            if "_" in word.strip("_") or (tail != tail.lower() and not word.isupper()):
-                counts[word.lower()] += number
-    return counts
-
-
-def _bm25_scores(texts: dict[str, str], question: str) -> dict[str, float]:
-    query = _query_terms(question)
-    if not query:
-        return dict.fromkeys(texts, 0.0)
-    # compounds only matter when the question names one, and cost a second pass over the text
-    with_compounds = _term_counts(question, True).keys() != _term_counts(question, False).keys()
-    lengths: dict[str, int] = {}
-    matches: dict[str, Counter[str]] = {}
-    for path, text in texts.items():
-        terms = _term_counts(text, with_compounds)
-        for term, number in _term_counts(path, with_compounds).items():
-            terms[term] += PATH_WEIGHT * number
-        lengths[path] = terms.total()
-        # only query terms are kept: the rest matter only through the length
-        matches[path] = Counter({term: terms[term] for term in query if term in terms})
-
-    documents = len(texts)
-    average_length = sum(lengths.values()) / documents or 1.0
-    frequency = Counter(term for counts in matches.values() for term in counts)
-    idf = {
-        term: math.log(1 + (documents - frequency[term] + 0.5) / (frequency[term] + 0.5))
-        for term in query
-    }
-    scores: dict[str, float] = {}
-    for path, counts in matches.items():
-        norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths[path] / average_length)
-        scores[path] = sum(
-            idf[term] * count * (BM25_K1 + 1) / (count + norm) for term, count in counts.items()
-        )
-    return scores
+def summary_line(packed: PackedContext, noun: str = "file") -> str:
+    """E.g. "packed 12 files (3,456 tokens, 1 truncated) and a map of all 405 files (5,678
+    tokens); 392 files only in the map (98,765 tokens)"."""
+    truncated = sum(1 for item in packed.files if item.packed == "truncated")
+    if packed.map is None:  # a book: chapters, no map
+        truncated = truncated or sum(1 for o in packed.omitted if o.reason == REASON_TRUNCATED)
+        left_out = len(packed.omitted) - truncated
+        line = f"packed {_count(len(packed.files), noun)} ({packed.tokens:,} tokens"
+        line += f", {truncated} truncated)" if truncated else ")"
+        if left_out:
+            # tokens left out include the cut tails of truncated chapters
+            line += f"; left out {_count(left_out, noun)} ({packed.tokens_omitted:,} tokens)"
+        return line
+    m = packed.map
+    in_files = sum(item.tokens for item in packed.files)
+    line = f"packed {_count(len(packed.files), noun)} ({in_files:,} tokens"
+    line += f", {truncated} truncated)" if truncated else ")"
+    which = f"all {m.files:,}" if m.listed == m.files else f"{m.listed:,} of {m.files:,}"
+    line += f" and a map of {which} {_plural(noun, m.files)} ({m.tokens:,} tokens)"
+    only_map = [o for o in packed.omitted if o.reason != REASON_TRUNCATED]
+    if only_map:
+        tokens = sum(o.tokens or 0 for o in only_map)
+        line += f"; {_count(len(only_map), noun)} only in the map ({tokens:,} tokens)"
+    return line
 
 
 def _truncate_to_fit(
@@ -302,31 +282,29 @@ def _truncate_to_fit(
         rendering = render_file(path, lines, shown)
         tokens = count_tokens(rendering)
         if tokens <= room:
-            return _Rendering(path, rendering, tokens)
+            return _Rendering(path, rendering, tokens, shown, len(lines))
         shown = min(shown - 1, int(shown * room / tokens * 0.95))
     return None
 
 
 def _join_within_budget(
+    prefix: str,
     chosen: dict[int, _Rendering],
-    truncated: set[int],
     budget_tokens: int,
     count_tokens: Callable[[str], int],
 ) -> tuple[str, int]:
-    """The packed text and its true token count, dropping files if the whole overshoots.
+    """The packed text (prefix, then the files) and its true token count, dropping files
+    from the end if the whole overshoots.
 
-    Counted one by one the renderings fit; a tokenizer can still merge across the seams
-    between files, so the joined text is counted once more and trimmed from the end.
+    Counted one by one the parts fit; a tokenizer can still merge across the seams between
+    them, so the joined text is counted once more and trimmed from the end.
     """
-    while chosen:
-        text = "".join(chosen[rank].text for rank in sorted(chosen))
-        tokens = count_tokens(text)
-        if tokens <= budget_tokens:
-            return text, tokens
-        last = max(chosen)
-        del chosen[last]
-        truncated.discard(last)
-    return "", 0
+    while True:
+        text = prefix + "".join(chosen[rank].text for rank in sorted(chosen))
+        tokens = count_tokens(text) if text else 0
+        if tokens <= budget_tokens or not chosen:
+            return (text, tokens) if tokens <= budget_tokens else ("", 0)
+        del chosen[max(chosen)]
 
 
 def _split_lines(text: str) -> list[str]:

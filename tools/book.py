@@ -7,7 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.book_headings import find_headings
 from tools.errors import ToolError, UnreadableFileError
+from tools.fold import fold, fold_with_offsets, original_index
 from tools.grep import clip_around, compile_pattern
 from tools.names import printable, show_path
 from tools.read_file import format_range, split_lines
@@ -18,16 +20,6 @@ BOOK_MAX_BYTES = 20_000_000
 # Without headings the book is cut into parts of this many lines.
 PART_LINES = 500
 
-# "CHAPTER I", "Chapter 12.", "CHAPTER XLII. The Pequod", "Chapter 3 - Title"; the
-# punctuation rule keeps prose such as "Chapter I think..." from being taken as a heading.
-_CHAPTER = re.compile(
-    r"^\s{0,4}chapter\s+(?:\d+|[ivxlcdm]+)\b(?:\s*$|\s*[.:]\s*\S.*$|\s*[.:]$|\s+[-–—]\s*\S.*$)",
-    re.IGNORECASE,
-)
-# Sections with no number that books still open with a heading line of their own.
-_SECTION = re.compile(
-    r"^\s{0,4}(?:prologue|epilogue|preface|introduction|afterword)\.?\s*$", re.IGNORECASE
-)
 _MARKDOWN = re.compile(r"^#{1,2}\s+(\S.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -39,6 +31,13 @@ class Chapter:
     start_line: int
     end_line: int
     words: int
+    part: str = ""  # the book, part or volume it is in ("BOOK ONE: 1805"), "" when none
+
+    @property
+    def label(self) -> str:
+        """The chapter named so that no other has the same name: its part and its lines."""
+        where = f"{self.part} / {self.title}" if self.part else self.title
+        return f"{where} (lines {self.start_line}-{self.end_line})"
 
 
 def chapters(book_path: str | os.PathLike[str]) -> list[Chapter]:
@@ -51,9 +50,8 @@ def list_chapters(book_path: str | os.PathLike[str]) -> str:
     total = sum(chapter.words for chapter in found)
     out = [f"{printable(Path(book_path).name)}: {len(found)} chapters, {total:,} words"]
     for c in found:
-        out.append(
-            f"{c.index:>3}. {c.title} (lines {c.start_line}-{c.end_line}, {c.words:,} words)"
-        )
+        title = f"{c.part} / {c.title}" if c.part else c.title
+        out.append(f"{c.index:>3}. {title} (lines {c.start_line}-{c.end_line}, {c.words:,} words)")
     return "\n".join(out)
 
 
@@ -79,12 +77,14 @@ def read_lines(
 def search_book(
     book_path: str | os.PathLike[str], query: str, max_matches: int = 50, regex: bool = False
 ) -> str:
-    """Case-insensitive search for a substring, or for a Python regex when regex is true."""
+    """Case-insensitive search for a substring, or for a Python regex when regex is true.
+    Accents do not matter: "Borodino" finds "Borodinó" (both sides are folded)."""
     if not query:
         raise ToolError("query is empty")
     if max_matches < 1:
         raise ToolError(f"max_matches must be 1 or more, got {max_matches}")
-    pattern = compile_pattern(query if regex else re.escape(query), ignore_case=True)
+    folded = fold(query)
+    pattern = compile_pattern(folded if regex else re.escape(folded), ignore_case=True)
     lines = _lines(book_path)
     found = _split(lines)
     out: list[str] = []
@@ -92,16 +92,20 @@ def search_book(
     chapter_at = iter(found)
     current = next(chapter_at)
     for number, line in enumerate(lines, 1):
-        match = pattern.search(line)
+        text, offsets = (line.casefold(), None) if line.isascii() else fold_with_offsets(line)
+        match = pattern.search(text)
         if match is None:
             continue
         while number > current.end_line:
             current = next(chapter_at)
         count += 1
         if count <= max_matches:
-            out.append(
-                f"chapter {current.index}, line {number}: {clip_around(line, match.start())}"
+            at = (
+                match.start()
+                if offsets is None
+                else original_index(offsets, match.start(), len(line))
             )
+            out.append(f"chapter {current.index}, line {number}: {clip_around(line, at)}")
     if not out:
         return f"no matches for {query!r}"
     if count > max_matches:
@@ -135,40 +139,23 @@ def _lines(book_path: str | os.PathLike[str]) -> list[str]:
 
 
 def _split(lines: list[str]) -> list[Chapter]:
-    starts = _chapter_headings(lines) or _markdown_headings(lines)
+    headings = find_headings(lines)
+    starts = [(h.line, h.title, h.part) for h in headings] or [
+        (n, title, "") for n, title in _markdown_headings(lines)
+    ]
     if not starts:
-        starts = [(n, f"part {i}") for i, n in enumerate(range(1, len(lines) + 1, PART_LINES), 1)]
+        starts = [
+            (n, f"part {i}", "") for i, n in enumerate(range(1, len(lines) + 1, PART_LINES), 1)
+        ]
     found: list[Chapter] = []
     first = starts[0][0]
     if first > 1 and _words(lines, 1, first - 1):
         found.append(Chapter(0, "(front matter)", 1, first - 1, _words(lines, 1, first - 1)))
-    bounds = [n for n, _ in starts[1:]] + [len(lines) + 1]
-    for i, ((start, title), next_start) in enumerate(zip(starts, bounds, strict=True), 1):
+    bounds = [n for n, _, _ in starts[1:]] + [len(lines) + 1]
+    for i, ((start, title, part), next_start) in enumerate(zip(starts, bounds, strict=True), 1):
         end = next_start - 1
-        found.append(Chapter(i, title, start, end, _words(lines, start, end)))
+        found.append(Chapter(i, title, start, end, _words(lines, start, end), part))
     return found
-
-
-def _chapter_headings(lines: list[str]) -> list[tuple[int, str]]:
-    found: list[tuple[int, str]] = []
-    for number, line in enumerate(lines, 1):
-        # a heading stands after a blank line; this skips runs of contents-table entries
-        after_blank = number == 1 or not lines[number - 2].strip()
-        if after_blank and len(line) < 100 and _is_heading(line):
-            found.append((number, line.strip()))
-    if not any(_CHAPTER.match(lines[n - 1]) for n, _ in found):
-        return []  # a lone "Introduction" line does not make chapters
-    # a heading followed by nothing but more headings is a table of contents entry
-    ends = [n - 1 for n, _ in found[1:]] + [len(lines)]
-    return [
-        (n, title)
-        for (n, title), end in zip(found, ends, strict=True)
-        if any(not _is_heading(line) and line.strip() for line in lines[n:end])
-    ]
-
-
-def _is_heading(line: str) -> bool:
-    return bool(_CHAPTER.match(line) or _SECTION.match(line))
 
 
 def _markdown_headings(lines: list[str]) -> list[tuple[int, str]]:

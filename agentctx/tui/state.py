@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import Counter
 from pathlib import Path
 
 from sessions.models import Message, Session
@@ -87,14 +86,12 @@ class SessionService:
         manifests = self.store.manifests(session_id)
         if not manifests:
             return "This session has no packed context."
+        from agentctx.packing_report import report_lines
+
         m = manifests[-1]
-        lines = [f"**{len(m.files)} files packed, {m.tokens:,} tokens**", ""]
-        lines += [f"- `{f['path']}` ({f.get('tokens', 0):,} tokens)" for f in m.files]
-        if m.omitted:
-            reasons = Counter(f.get("reason", "?") for f in m.omitted)
-            why = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
-            lines += ["", f"**{len(m.omitted)} files omitted** ({why})"]
-        return "\n".join(lines)
+        packed = sum(1 for f in m.files if f.get("packed") != "map")
+        head = f"**{packed} packed, {m.tokens:,} tokens in all**"
+        return "\n".join([head, "", "```", *report_lines(m.files, m.omitted), "```"])
 
 
 def _is_export(path: Path) -> bool:
