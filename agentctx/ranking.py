@@ -38,6 +38,9 @@ _STOPWORD_TEXT = (
     "has have had"
 )
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+# Suffixes the stemmer takes off, longest first ("ation" is left on: "allocation" should meet
+# "allocate" at "allocat").
+_SUFFIXES = ("ings", "ing", "ions", "ion", "ers", "er", "ors", "or", "ed", "es", "s", "e")
 # Words of a question about the project as a whole; with the project's own name, a question
 # made of nothing else is an overview question.
 _OVERVIEW_TEXT = (
@@ -87,6 +90,10 @@ VENDOR_DIRS = frozenset(
      "node_modules", "bower_components", "external", "extern"}
 )  # fmt: skip
 TEMPLATE_DIRS = frozenset({"issue_template", "pull_request_template", "discussion_template"})
+# Data a program wrote (results, logs) matches a question's words by repeating them; its
+# relevance counts this much.
+DATA_SUFFIXES = frozenset({".json", ".jsonl", ".ndjson", ".log", ".csv", ".tsv", ".out"})
+DATA_WEIGHT = 0.5
 # Source with lines this long on average is minified (or data), not written by hand.
 MINIFIED_LINE_CHARS = 500
 
@@ -100,6 +107,9 @@ def rank_paths(
     """Paths in packing order: most relevant first, boilerplate last."""
     symbols = symbols or {}
     scores = relevance(texts, question, symbols)
+    for path in scores:
+        if PurePosixPath(path).suffix.lower() in DATA_SUFFIXES:
+            scores[path] *= DATA_WEIGHT  # machine output: its words repeat, it explains little
     overview = is_overview(question, project_names)
 
     def order(path: str) -> tuple[bool, float, float, int, str]:
@@ -141,20 +151,40 @@ def relevance(
         term: math.log(1 + (documents - frequency[term] + 0.5) / (frequency[term] + 0.5))
         for term in query
     }
+    # the words of the question as written, for names a file defines ("Engine", not "engin")
+    named = {fold(word) for word in _WORD.findall(question)} - _STOPWORDS
+    named_idf = {word: idf.get(stem(word), max(idf.values(), default=0.0)) for word in named}
     scores: dict[str, float] = {}
     for path, counts in matches.items():
         norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths[path] / average_length)
         scores[path] = sum(
             idf[term] * count * (BM25_K1 + 1) / (count + norm) for term, count in counts.items()
         )
-        defined = {fold(name) for name in symbols.get(path, ())} & query
-        scores[path] += DEFINES_WEIGHT * sum(idf[term] for term in defined)
+        defined = {fold(name) for name in symbols.get(path, ())} & named
+        scores[path] += DEFINES_WEIGHT * sum(named_idf[word] for word in defined)
     return scores
+
+
+def stem(word: str) -> str:
+    """A light English stemmer, so that "allocated" meets "allocate" and "allocation", and
+    "parser" meets "parses"; short words and names with digits stay as they are."""
+    if len(word) <= 4 or not word.isalpha():
+        return word
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+            if suffix == "s" and word.endswith("ss"):
+                return word  # "process", "class"
+            return word[: -len(suffix)]
+    return word
+
+
+_STOPWORD_STEMS = _STOPWORDS | {stem(word) for word in _STOPWORDS}
+_OVERVIEW_STEMS = frozenset(stem(word) for word in _OVERVIEW)
 
 
 def query_terms(question: str) -> set[str]:
     terms = term_counts(question, with_compounds=True)
-    return {term for term in terms if len(term) > 1 and not term.isdigit()} - _STOPWORDS
+    return {term for term in terms if len(term) > 1 and not term.isdigit()} - _STOPWORD_STEMS
 
 
 def term_counts(text: str, with_compounds: bool) -> Counter[str]:
@@ -163,7 +193,7 @@ def term_counts(text: str, with_compounds: bool) -> Counter[str]:
     counts: Counter[str] = Counter()
     # Counter over findall counts in C; folding per distinct piece keeps big repos fast
     for piece, number in Counter(_WORD_PART.findall(text)).items():
-        counts[piece.casefold()] += number
+        counts[stem(piece.casefold())] += number
     if with_compounds:
         for word, number in Counter(_WORD.findall(text)).items():
             tail = word[1:]
@@ -175,9 +205,9 @@ def term_counts(text: str, with_compounds: bool) -> Counter[str]:
 
 def is_overview(question: str, project_names: frozenset[str] = frozenset()) -> bool:
     """Whether the question asks about the project as a whole (no word in it names a part)."""
-    names = {name.casefold() for name in project_names}
-    names |= {piece for name in names for piece in term_counts(name, False)}
-    return all(term in _OVERVIEW or term in names for term in query_terms(question))
+    names = {stem(name.casefold()) for name in project_names}
+    names |= {piece for name in project_names for piece in term_counts(name, False)}
+    return all(term in _OVERVIEW_STEMS or term in names for term in query_terms(question))
 
 
 def overview_prior(path: str) -> float:

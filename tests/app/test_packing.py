@@ -6,7 +6,7 @@ from pathlib import Path
 import git
 import pytest
 
-from agentctx.packing import PackedContext, pack_repository, render_file, summary_line
+from agentctx.packing import PackedContext, pack_repository, relevance, render_file, summary_line
 from tests.app.stdlib_repo import stdlib_repo
 from tests.tools.support import write
 from tools.errors import RootError
@@ -51,6 +51,10 @@ def pack(root: Path, question: str = "what is this?", budget: int = 10_000) -> P
 
 def paths(packed: PackedContext) -> list[str]:
     return [item.path for item in packed.files]
+
+
+def read_texts(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*") if p.is_file()}
 
 
 def files_of(packed: PackedContext) -> str:
@@ -104,6 +108,22 @@ def test_symbol_names_count_in_relevance(tmp_path: Path) -> None:
     write(tmp_path, "geometry/other.py", "# polygon helpers\nX = 1\n")
 
     assert paths(pack(tmp_path, "Where is Polygon defined?"))[0] == "geometry/core.py"
+
+
+def test_word_forms_meet_and_machine_output_counts_less(tmp_path: Path) -> None:
+    write(tmp_path, "README.md", "# Pool\n\nA memory pool.\n")
+    write(tmp_path, "pool/pages.py", 'def allocate(n):\n    """Allocation of n pages."""\n')
+    rows = "".join(f'  "kv_cache_allocated_{i}": {i},\n' for i in range(12))
+    write(tmp_path, "runs/result.json", "{\n" + rows + "}\n")
+    write(tmp_path, "pool/kv_cache.py", "class KVCache:\n    def allocate(self):\n        pass\n")
+    question = "Where is the KV cache allocated?"
+
+    # "allocated" meets allocate and Allocation; the JSON says the words more often, but it is
+    # data a program wrote
+    raw = relevance(read_texts(tmp_path), question)
+    assert raw["runs/result.json"] > raw["pool/kv_cache.py"] > raw["pool/pages.py"] > 0
+    assert paths(pack(tmp_path, question))[0] == "pool/kv_cache.py"
+    assert paths(pack(tmp_path, "How are pages allocated?"))[0] == "pool/pages.py"
 
 
 def test_accents_do_not_change_what_matches(tmp_path: Path) -> None:
