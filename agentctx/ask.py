@@ -234,7 +234,8 @@ def new_session_messages(
     for warning in packed.warnings:
         output.info(f"warning: {warning}")
     if show_packing:
-        output.info("\n".join(report_lines(*stored_manifest(packed), tokens=packed.tokens)))
+        report = report_lines(*stored_manifest(packed), packed.tokens, packed.warnings)
+        output.info("\n".join(report))
     return first_messages(packed, question, kind), packed
 
 

@@ -123,3 +123,50 @@ def test_ask_shows_the_packing_and_its_json_info_event_carries_the_manifest(home
     assert info["manifest"]["map"]["listed"] == 2
     shown = agentctx("sessions", "show", json.loads(proc.stdout.splitlines()[-1])["session"])
     assert "repository map: all 2 files" in shown.stdout, shown.stderr
+
+
+class WordEngine:
+    """What packing asks of an engine, with words for tokens (a template that takes no tools)."""
+
+    tokenizer = None
+
+    def __init__(self, window: int) -> None:
+        self.max_model_len = window
+
+    def chat_tokens(self, messages, add_generation_prompt=True, tools=None) -> list[str]:
+        return " ".join(m["content"] for m in messages).split()
+
+    def count_tokens(self, text: str) -> int:
+        return words(text)
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_a_book_warns_in_the_report_and_refuses_when_nothing_fits(tmp_path: Path) -> None:
+    from agentctx.ask import new_session_messages
+    from engine import SamplingParams
+    from tools.errors import ToolError
+
+    novel = tmp_path / "novel.txt"
+    novel.write_text("".join(f"The lamp burned low in room {i}.\n\n" for i in range(3000)))
+    params = SamplingParams(max_tokens=10)
+    out = Lines()
+
+    messages, packed = new_session_messages(
+        WordEngine(100_000), str(novel), "Why did the lamp burn?", params, 200, out, "book", True
+    )
+
+    assert packed.files and packed.tokens <= 200
+    [summary, warning, report] = out.lines
+    assert summary.startswith("packed 1 chapter") and warning.startswith("warning: almost")
+    assert report.splitlines()[-1] == warning
+    assert "truncated (1 file" in report and "left out (" in report
+    assert "The lamp burned low" in messages[1]["content"]
+    with pytest.raises(ToolError, match="nothing of the book fits in the 1-token budget"):
+        new_session_messages(WordEngine(1090), str(novel), "Why?", params, None, Lines(), "book")
