@@ -14,10 +14,13 @@ from tools.errors import (
     FileTooLargeError,
     PathEscapeError,
     RootError,
+    SecretPathError,
+    ToolError,
     UnreadableFileError,
 )
 from tools.names import printable, show_path, unescape
 from tools.safe_git import GitFailed, find_work_tree
+from tools.secrets import is_secret, secret_reason
 
 # Directories that are never source, even when nobody listed them in .gitignore.
 ALWAYS_SKIPPED = frozenset({".git", ".venv", "node_modules", "__pycache__"})
@@ -28,6 +31,8 @@ MAX_WALKED = 100_000
 
 # How much of a file is sniffed for NUL bytes, as git does.
 SNIFF_BYTES = 8192
+# Linux's PATH_MAX: no longer name opens, and git takes no longer argument.
+MAX_PATH_CHARS = 4096
 
 
 def resolve_root(path: str | os.PathLike[str]) -> Path:
@@ -49,11 +54,14 @@ def resolve_root(path: str | os.PathLike[str]) -> Path:
 
 
 def confine(root: str | os.PathLike[str], rel_path: str | os.PathLike[str]) -> Path:
-    """The resolved path of rel_path, which must stay inside root once symlinks are followed.
+    """The resolved path of rel_path, which must stay inside root once symlinks are followed,
+    and name no secret (tools.secrets), neither as given nor once resolved.
 
     A str rel_path may be in show_path's form, or carry git's quoting of unusual names
     (\\351, \\t); the literal name is taken where that form names no file.
     """
+    if len(os.fspath(rel_path)) > MAX_PATH_CHARS:
+        raise UnreadableFileError(f"path too long: {len(os.fspath(rel_path)):,} characters")
     base = Path(root).resolve()
     readings = _readings(rel_path) if isinstance(rel_path, str) else [rel_path]
     if len(readings) > 1:
@@ -68,6 +76,11 @@ def confine(root: str | os.PathLike[str], rel_path: str | os.PathLike[str]) -> P
         raise PathEscapeError(f"cannot resolve path inside the repository: {label}") from exc
     if not resolved.is_relative_to(base):
         raise PathEscapeError(f"path is outside the repository: {label}")
+    # the name asked for (.git/config) and the file it leads to (notes.txt -> .env)
+    if is_secret(os.path.normpath(os.fspath(chosen))) or is_secret(
+        resolved.relative_to(base).as_posix()
+    ):
+        raise SecretPathError(secret_reason(label))
     return resolved
 
 
@@ -88,8 +101,9 @@ def head_commit(root: str | os.PathLike[str]) -> str | None:
     base = Path(root).resolve()
     try:
         tree = find_work_tree(base)
-        if tree is None or tree.ignores(base):
-            # an ignored directory: the commit would describe the enclosing repo, not these files
+        if tree is None or tree.foreign or tree.ignores(base):
+            # an ignored directory: the commit would describe the enclosing repo, not these
+            # files; a foreign one: another repository's
             return None
         out = tree.git.run("rev-parse", "--verify", "--quiet", "HEAD^{commit}")
     except GitFailed:
@@ -160,12 +174,12 @@ def _lexists(path: Path) -> bool:
 
 
 def _is_listable(base: Path, rel_path: str) -> bool:
-    if ALWAYS_SKIPPED.intersection(rel_path.split("/")):
+    if ALWAYS_SKIPPED.intersection(rel_path.split("/")) or is_secret(rel_path):
         return False
     try:
         # the name as it is on disk: a Path is never read as show_path's form
         resolved = confine(base, Path(rel_path))
-    except PathEscapeError:
+    except ToolError:  # outside the root, or a link to a secret
         return False
     # drops deleted-but-tracked files, submodule and symlinked directories, broken links
     return resolved.is_file()
@@ -175,9 +189,10 @@ def _git_listing(base: Path) -> list[str] | None:
     """What git lists under base (tracked plus untracked, not ignored), or None if not a repo."""
     try:
         tree = find_work_tree(base)
-        if tree is None or tree.ignores(base):
+        if tree is None or tree.foreign or tree.ignores(base):
             # an ignored directory (vendored code, a venv): git would list nothing in it,
-            # so it is read as a plain directory
+            # so it is read as a plain directory; so is one whose git data is another
+            # repository's (tree.foreign)
             return None
         # run from base: git then lists only base's subtree, relative to it;
         # -z keeps unusual names unquoted

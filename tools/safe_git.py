@@ -122,10 +122,13 @@ class SafeGit:
 
 @dataclass(frozen=True)
 class WorkTree:
-    """The git work tree holding a directory, with git run at its top."""
+    """The git work tree holding a directory, with git run at its top. `foreign` is the
+    one-line reason when its objects may come from another repository (see foreign_git_data):
+    the git tools then refuse it, and listings read it as a plain directory."""
 
     top: Path
     git: SafeGit
+    foreign: str | None = None
 
     def ignores(self, base: Path) -> bool:
         """Whether the repository ignores the directory base (vendored code, a venv)."""
@@ -150,7 +153,64 @@ def find_work_tree(base: Path) -> WorkTree | None:
     if not base.is_relative_to(top):
         return None  # core.worktree points away from the files the user named
     git.cwd = top
-    return WorkTree(top, git)
+    return WorkTree(top, git, foreign_git_data(git, top))
+
+
+def foreign_git_data(git: SafeGit, top: Path) -> str | None:
+    """Why the objects git reads for the work tree at top may be another repository's, or
+    None. A `.git` file or link can point at any repository on the disk, and
+    objects/info/alternates can borrow any repository's objects: the tools would then show
+    files from outside the root. A git folder outside top is accepted only when it links back
+    to top, which only git (or the owner of that repository) writes: a linked worktree's
+    `worktrees/<name>/gitdir`, or a submodule's core.worktree."""
+    try:
+        out = git.run_bytes("rev-parse", "--absolute-git-dir", "--git-common-dir")
+        git_dir_line, common_line = os.fsdecode(out).splitlines()[:2]
+    except (GitFailed, ValueError):
+        return f"git tools are off here: git does not name the git folder of {top}"
+    git_dir = Path(git_dir_line).resolve()
+    common = (top / common_line).resolve()  # relative to where git ran, the top
+    inside = git_dir.is_relative_to(top) and common.is_relative_to(top)
+    if not inside and not _links_back(git, top, git_dir, common):
+        return (
+            f"git tools are off here: the git data of {top} is at {git_dir}, outside it and "
+            "not linked back to it (a .git file or link pointing elsewhere), so another "
+            "repository's files could reach the model"
+        )
+    objects = common / "objects"
+    if objects.resolve() != objects:
+        return (
+            f"git tools are off here: {objects} is a link to {objects.resolve()}, so another "
+            "repository's files could reach the model"
+        )
+    borrowed = _alternates(objects / "info" / "alternates")
+    if borrowed:
+        return (
+            f"git tools are off here: {objects}/info/alternates borrows objects from "
+            f"{borrowed[0]}, so another repository's files could reach the model"
+        )
+    return None
+
+
+def _links_back(git: SafeGit, top: Path, git_dir: Path, common: Path) -> bool:
+    try:
+        if git_dir.parent == common / "worktrees":  # `git worktree add`
+            back = (git_dir / "gitdir").read_text(encoding="utf-8").strip()
+            return (git_dir / back).resolve() == (top / ".git").resolve()
+        if git_dir == common:  # a submodule's, or `git init --separate-git-dir`
+            named = git.run("config", "--local", "--get", "core.worktree").strip()
+            return bool(named) and (git_dir / named).resolve() == top
+    except (OSError, UnicodeDecodeError, ValueError, GitFailed):
+        pass
+    return False
+
+
+def _alternates(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []  # none: the usual case
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def git_message(exc: Exception) -> str:
