@@ -204,6 +204,10 @@ def _run_tool(root: str | os.PathLike[str], name: str, arguments: dict[str, Any]
         # a race with the file system, or a file the checks did not foresee
         where = f": {exc.filename}" if exc.filename else ""
         return f"error: {exc.strerror or exc}{where}"
+    except Exception as exc:
+        # a bug in a tool: no test's hostile argument gets here (tests/reliability), but a
+        # traceback would end the whole answer, so the model reads one line instead
+        return f"error: internal error in {name}: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def validate(spec: ToolSpec, arguments: dict[str, Any] | None) -> dict[str, Any]:
