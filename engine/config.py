@@ -8,15 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-
-# HF architecture name -> the switches our one model implementation needs
-ARCHITECTURES: dict[str, dict[str, bool]] = {
-    "LlamaForCausalLM": {"qkv_bias": False, "qk_norm": False},
-    "MistralForCausalLM": {"qkv_bias": False, "qk_norm": False},
-    "Qwen2ForCausalLM": {"qkv_bias": True, "qk_norm": False},
-    "Qwen3ForCausalLM": {"qkv_bias": False, "qk_norm": True},
-}
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+from engine.hf_config import ROPE_TYPES, config_fields
 
 
 @dataclass(slots=True)
@@ -35,8 +27,11 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None  # includes "rope_type"
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    o_bias: bool = False  # (with qkv_bias: Llama's and Qwen3's attention_bias)
+    mlp_bias: bool = False
     qk_norm: bool = False
-    sliding_window: int | None = None
+    hidden_act: str = "silu"  # one of engine.hf_config.ACTIVATIONS
+    sliding_window: int | None = None  # on every layer (engine.hf_config refuses others)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -58,10 +53,22 @@ class ModelConfig:
 
     @property
     def context_window(self) -> int:
-        """Longest sequence the model handles: dynamic NTK scaling extends the trained window."""
-        if self.rope_type == "dynamic":
-            return int(self.max_position_embeddings * self.rope_scaling["factor"])
+        """Longest sequence the model handles. Dynamic NTK scaling would extend the trained
+        window, but only by rotating with a base that follows the sequence's current length
+        (see window_note), so the engine stops at the trained window."""
         return self.max_position_embeddings
+
+    @property
+    def window_note(self) -> str | None:
+        """Why the window is shorter than the config suggests, for context-length errors."""
+        if self.rope_type != "dynamic":
+            return None
+        return (
+            f"rope_scaling 'dynamic' (factor {self.rope_scaling['factor']}) is computed only up "
+            f"to max_position_embeddings={self.max_position_embeddings}: beyond it, dynamic NTK "
+            "rotates every key with a base that depends on the sequence's length, so keys "
+            "cached at one length (earlier chunks, reused prefixes) would not match a fresh pass"
+        )
 
     @property
     def num_params(self) -> int:
@@ -73,46 +80,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else _arch_from_model_type(cfg.get("model_type"))
-        if arch not in ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
-            )
-        try:
-            hidden = cfg["hidden_size"]
-            heads = cfg["num_attention_heads"]
-            eos = cfg.get("eos_token_id")
-            eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-            # Qwen2 configs carry a sliding_window that only applies with use_sliding_window
-            window = cfg.get("sliding_window")
-            if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
-                window = None
-            if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and not cfg.get(
-                "use_sliding_window", False
-            ):
-                window = None
-            return cls(
-                architecture=arch,
-                vocab_size=cfg["vocab_size"],
-                hidden_size=hidden,
-                intermediate_size=cfg["intermediate_size"],
-                num_layers=cfg["num_hidden_layers"],
-                num_heads=heads,
-                num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or hidden // heads,
-                max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-                rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                rope_theta=_rope_theta(cfg),
-                rope_scaling=_rope_scaling(cfg),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                sliding_window=window,
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                **ARCHITECTURES[arch],
-            )
-        except KeyError as e:
-            raise ModelLoadError(f"model config is missing {e.args[0]!r}") from None
+        """From a Hugging Face config dict; refuses, by name, any setting the engine does
+        not compute (engine.hf_config)."""
+        return cls(**config_fields(cfg))
 
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
@@ -123,36 +93,6 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ModelLoadError(f"bad model config {path}: not a JSON object")
         return cls.from_hf(data)
-
-
-def _arch_from_model_type(model_type: str | None) -> str:
-    return {
-        "llama": "LlamaForCausalLM",
-        "mistral": "MistralForCausalLM",
-        "qwen2": "Qwen2ForCausalLM",
-        "qwen3": "Qwen3ForCausalLM",
-    }.get(model_type or "", str(model_type))
-
-
-def _rope_theta(cfg: dict[str, Any]) -> float:
-    params = cfg.get("rope_parameters") or {}
-    return float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
-
-
-def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    # transformers 4.x: rope_scaling={"type"|"rope_type": ...}; 5.x: rope_parameters={"rope_type": ...}
-    scaling = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
-    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
-    scaling.pop("rope_theta", None)
-    if rope_type == "default":
-        return None
-    scaling["rope_type"] = rope_type
-    if rope_type in ("llama3", "yarn"):
-        scaling.setdefault(
-            "original_max_position_embeddings",
-            cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"),
-        )
-    return scaling
 
 
 @dataclass(slots=True)

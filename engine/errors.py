@@ -20,11 +20,15 @@ class UnsupportedModelError(EngineError):
 
 
 class ContextTooLongError(EngineError):
-    def __init__(self, num_tokens: int, window: int, what: str = "prompt"):
+    """note: why the window is what it is, where the config suggests a longer one
+    (ModelConfig.window_note)."""
+
+    def __init__(self, num_tokens: int, window: int, what: str = "prompt", note: str | None = None):
         self.num_tokens = num_tokens
         self.window = window
         super().__init__(
             f"{what} is {num_tokens} tokens, longer than the model's window of {window} tokens"
+            + (f" ({note})" if note else "")
         )
 
 

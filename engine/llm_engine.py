@@ -386,7 +386,9 @@ class Engine:
         if not ids:
             raise EngineError("the prompt is empty")
         if len(ids) >= self.max_model_len:
-            raise ContextTooLongError(len(ids), self.max_model_len)
+            raise ContextTooLongError(
+                len(ids), self.max_model_len, note=self.model_config.window_note
+            )
         room = self.max_model_len - len(ids)
         if params.max_tokens > room:
             params = dataclasses.replace(params, max_tokens=room)
@@ -661,6 +663,9 @@ def prompt_logits(engine: Engine, token_ids: list[int]) -> torch.Tensor:
     every position is computed) and returns them."""
     from engine.scheduler import ScheduledSeq, SchedulerOutput
 
+    if len(token_ids) > engine.max_model_len:  # (this pass samples nothing: == fits)
+        note = engine.model_config.window_note
+        raise ContextTooLongError(len(token_ids), engine.max_model_len, note=note)
     seq = Sequence(list(token_ids), SamplingParams(max_tokens=1))
     bm, runner = engine.block_manager, engine.runner
     with engine._lock:

@@ -142,7 +142,25 @@ def _hf_cache_snapshot(repo_id: str) -> Path | None:
 def read_config(source: ModelSource) -> ModelConfig:
     if source.hf_config is not None:
         return ModelConfig.from_hf(source.hf_config)
-    return ModelConfig.from_file(source.path / "config.json")
+    cfg = ModelConfig.from_file(source.path / "config.json")
+    if cfg.tie_word_embeddings and _stores_head(source.path):
+        # transformers unties a head that the checkpoint stores with other values than the
+        # embedding; an untied copy of equal values computes the same logits, so untie it
+        cfg.tie_word_embeddings = False
+    return cfg
+
+
+def _stores_head(directory: Path) -> bool:
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                if "lm_head.weight" in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    return True
+        except (OSError, RuntimeError, SafetensorError) as e:  # truncated or corrupt
+            raise ModelLoadError(f"cannot read {file}: {str(e).splitlines()[0]}") from None
+    return False
 
 
 def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
@@ -185,7 +203,7 @@ def _target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
 
 
 def load_checkpoint_weights(model: CausalLM, directory: Path) -> None:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(directory.glob("*.safetensors"))
     if not files:
@@ -210,7 +228,7 @@ def load_checkpoint_weights(model: CausalLM, directory: Path) -> None:
                         )
                     dest.copy_(tensor)
                     filled[ours] = filled.get(ours, 0) + tensor.numel()
-        except (OSError, RuntimeError) as e:  # truncated or corrupt safetensors
+        except (OSError, RuntimeError, SafetensorError) as e:  # truncated or corrupt
             raise ModelLoadError(f"cannot read {file}: {str(e).splitlines()[0]}") from None
     missing = [n for n, p in params.items() if filled.get(n, 0) != p.numel()]
     if missing:

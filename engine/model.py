@@ -19,6 +19,22 @@ from kernels.rope_kv import apply_rope, rope_kv
 from kernels.silu_mul import silu_mul
 
 
+def gelu_mul(gate_up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate=approximate) * up
+
+
+# act(gate) * up for each hidden_act the config may name (engine.hf_config.ACTIVATIONS), as
+# transformers' ACT2FN computes it: gelu_new is the tanh approximation written out
+ACT_MUL = {
+    "silu": silu_mul,
+    "swish": silu_mul,
+    "gelu": gelu_mul,
+    "gelu_pytorch_tanh": lambda gate_up: gelu_mul(gate_up, "tanh"),
+    "gelu_new": lambda gate_up: gelu_mul(gate_up, "tanh"),
+}
+
+
 def row_exact(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x) with each row computed as a one-row call would: a GEMM over several rows
     may sum in another order than the GEMV of one row (MKL does, in the last bits), so a
@@ -58,7 +74,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
         )
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -111,13 +127,15 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        bias = cfg.mlp_bias
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.act_mul = ACT_MUL[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         if exact:
-            return row_exact(self.down_proj, silu_mul(row_exact(self.gate_up_proj, x)))
-        return self.down_proj.forward(silu_mul(self.gate_up_proj.forward(x)))
+            return row_exact(self.down_proj, self.act_mul(row_exact(self.gate_up_proj, x)))
+        return self.down_proj.forward(self.act_mul(self.gate_up_proj.forward(x)))
 
 
 class DecoderLayer(nn.Module):

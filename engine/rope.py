@@ -18,21 +18,16 @@ def base_inv_freq(theta: float, dim: int, device=None) -> torch.Tensor:
     return 1.0 / (theta ** (exponents / dim))
 
 
-def inv_freq_and_scale(cfg: ModelConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+def inv_freq_and_scale(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim/2] and the cos/sin scale for this config."""
     dim, theta, s = cfg.head_dim, cfg.rope_theta, cfg.rope_scaling or {}
     kind = cfg.rope_type
-    if kind == "default":
+    if kind in ("default", "dynamic"):
+        # dynamic NTK grows the base only past max_position_embeddings, which is where the
+        # engine's window for it ends (ModelConfig.window_note says why)
         return base_inv_freq(theta, dim), 1.0
     if kind == "linear":
         return base_inv_freq(theta, dim) / s["factor"], 1.0
-    if kind == "dynamic":
-        # NTK-aware: grow the base once the sequence is longer than the trained window
-        max_pos = cfg.max_position_embeddings
-        seq_len = max(seq_len or max_pos, max_pos)
-        factor = s["factor"]
-        theta = theta * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2))
-        return base_inv_freq(theta, dim), 1.0
     if kind == "llama3":
         return _llama3_inv_freq(base_inv_freq(theta, dim), s), 1.0
     if kind == "yarn":
@@ -84,11 +79,14 @@ def _yarn_inv_freq(cfg: ModelConfig, s: dict) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding:
-    """Holds a cos/sin table for positions [0, max_len); dynamic NTK computes angles per step."""
+    """A cos/sin table for positions [0, max_len). Each position's angles are fixed, so keys
+    cached by earlier chunks, reused prefixes or sessions are rotated as a single pass over
+    the whole sequence would rotate them (dynamic NTK too: see inv_freq_and_scale)."""
+
+    dynamic = False  # (no per-step angles: the runner passes no sequence lengths)
 
     def __init__(self, cfg: ModelConfig, max_len: int, device: torch.device, dtype: torch.dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
-        self.dynamic = cfg.rope_type == "dynamic"
         inv_freq, self.scale = inv_freq_and_scale(cfg)
         self.cos, self.sin = self._angles(torch.arange(max_len), inv_freq)
 
@@ -98,18 +96,5 @@ class RotaryEmbedding:
         return (emb.cos() * self.scale).to(self.dtype), (emb.sin() * self.scale).to(self.dtype)
 
     def __call__(self, positions: torch.Tensor, seq_lens: list[int] | None = None):
-        """cos, sin: [T, D]. seq_lens: per-token length of its sequence (dynamic NTK only)."""
-        if (
-            not self.dynamic
-            or seq_lens is None
-            or max(seq_lens) <= self.cfg.max_position_embeddings
-        ):
-            return self.cos[positions], self.sin[positions]
-        cos = torch.empty(len(positions), self.cfg.head_dim, device=self.device, dtype=self.dtype)
-        sin = torch.empty_like(cos)
-        lens = torch.tensor(seq_lens)
-        for n in sorted(set(seq_lens)):
-            rows = (lens == n).nonzero().flatten().to(self.device)
-            c, s_ = self._angles(positions[rows], inv_freq_and_scale(self.cfg, n)[0])
-            cos[rows], sin[rows] = c, s_
-        return cos, sin
+        """cos, sin: [T, D] (seq_lens is unused: the angles do not depend on them)."""
+        return self.cos[positions], self.sin[positions]

@@ -40,8 +40,10 @@ FAMILIES = {
     "llama-linear-rope": lambda: LlamaConfig(
         **SMALL, rope_scaling={"rope_type": "linear", "factor": 2.0}
     ),
+    # within max_position_embeddings, the engine's window for dynamic NTK (beyond it, the
+    # rotations would depend on the sequence's length: test_config_refusals)
     "llama-dynamic-rope": lambda: LlamaConfig(
-        **{**SMALL, "max_position_embeddings": 32},
+        **{**SMALL, "max_position_embeddings": 64},
         rope_scaling={"rope_type": "dynamic", "factor": 2.0},
     ),
     "llama-yarn-rope": lambda: LlamaConfig(
