@@ -24,6 +24,25 @@ BOOK_SYSTEM_PROMPT = (
     "book are given with their line numbers. Answer from them, briefly, and cite lines as "
     "'line N' or chapters by title."
 )
+# Added to the system prompt when the model is offered tools, with an example call in the
+# template's format (the session's stored system message is the same either way; each
+# turn adds this again, so a follow-up's prompt still extends the last one's).
+TOOL_PROMPTS = {
+    "repo": (
+        "When the files given lack what the question needs (a function's body, a file that "
+        "was left out or cut off), call a tool first: read_file reads a file, grep finds "
+        "where a name is defined or used. Only the tools listed below exist; the "
+        "repository's own functions are not tools."
+    ),
+    "book": (
+        "When the chapters given lack what the question needs, call a tool first: "
+        "search_book finds a phrase, read_chapter and read_lines read the text."
+    ),
+}
+TOOL_EXAMPLES = {
+    "repo": ("grep", {"pattern": "a_name"}),
+    "book": ("search_book", {"query": "a phrase"}),
+}
 FOLLOW_UP_RESERVE = 1024  # tokens a new session leaves free for later turns
 # Tokens a new session also leaves free for tool results, when the model takes tools: a
 # read_file of a few hundred lines, a grep's matches.
@@ -99,6 +118,8 @@ def run_turn(
         ToolStep,
         VisibleText,
         assistant_message,
+        call_counts,
+        check_calls,
         engine_tool_format,
         parse_tool_calls,
         run_tools,
@@ -108,8 +129,11 @@ def run_turn(
     from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
 
     fmt = engine_tool_format(engine) if root and max_steps > 0 else None
-    tools = schemas(BOOK_TOOLS if kind == "book" else REPO_TOOLS) if fmt else None
+    names = BOOK_TOOLS if kind == "book" else REPO_TOOLS
+    tools = schemas(names) if fmt else None
     convo, steps, completion, ttft = list(messages), [], 0, None
+    if fmt:
+        convo = with_tool_prompt(convo, kind, fmt)
     for step_no in range(max_steps + 1):
         ids = engine.chat_tokens(convo, tools=tools)
         if len(ids) >= engine.max_model_len:
@@ -117,7 +141,7 @@ def run_turn(
         stream = (session or engine).stream(ids, params)
         if on_stream is not None:
             on_stream(stream)
-        visible, stats, reason = VisibleText(fmt), None, "cancelled"
+        visible, stats, reason = VisibleText(fmt, names), None, "cancelled"
         try:
             for event in stream:
                 if event.kind == "prefill":
@@ -130,11 +154,14 @@ def run_turn(
                     stats, reason = event.stats, event.finish_reason or ""
         except KeyboardInterrupt as e:
             stream.cancel()
-            content, _ = parse_tool_calls(stream.text, fmt)
+            content, _ = parse_tool_calls(stream.text, fmt, names)
             usage = usage_of(None, len(ids))
             e.partial = TurnResult(content, "interrupted", usage, steps=steps)
             raise
-        content, calls = parse_tool_calls(stream.text, fmt)
+        content, calls = parse_tool_calls(stream.text, fmt, names)
+        rest = visible.end(content)  # text held back in case it began a call
+        if rest:
+            output.text(rest)
         if stats is not None:
             completion += stats.completion_tokens
             ttft = stats.ttft_s if ttft is None else ttft
@@ -142,11 +169,15 @@ def run_turn(
             if calls and reason != "cancelled":
                 reason = "step_limit"
                 content = content or "(stopped: the tool step limit was reached)"
+                check_calls(ToolStep(content, calls), names, fmt)  # counted, not run
             usage = usage_of(stats, len(ids))
             if stats is not None and steps:
                 usage.update(completion_tokens=completion, ttft_s=round(ttft, 4))
             if steps:
-                usage.update(steps=len(steps) + 1, tool_calls=sum(len(s.calls) for s in steps))
+                usage["steps"] = len(steps) + 1
+            if fmt:
+                made = [c for s in steps for c in s.calls]
+                usage.update(call_counts(made + (calls if reason == "step_limit" else [])))
             kv_stats = getattr(engine, "kv_stats", None)
             if kv_stats is not None:  # where the context's KV lives (the meter shows it)
                 usage.update(kv_stats())
@@ -155,10 +186,25 @@ def run_turn(
                 usage["diverged_at"] = reuse.common_tokens  # the template re-rendered a turn
             return TurnResult(content, reason, usage, steps=steps)
         step = ToolStep(content, calls)
-        run_tools(root, step, output, last=step_no == max_steps - 1)
+        run_tools(root, step, output, step_no == max_steps - 1, names, fmt)
         steps.append(step)
         convo += [assistant_message(step), *tool_messages(step)]
     raise AssertionError("unreachable")  # the loop returns at step max_steps
+
+
+def with_tool_prompt(messages: list[dict], kind: str, fmt: str | None) -> list[dict]:
+    """The conversation with the tool instructions added to its system message."""
+    from agentctx.agent import format_call
+
+    extra = TOOL_PROMPTS.get(kind, TOOL_PROMPTS["repo"])
+    if not extra:
+        return list(messages)
+    name, arguments = TOOL_EXAMPLES.get(kind, TOOL_EXAMPLES["repo"])
+    extra = f"{extra} Write each call as {format_call(name, arguments, fmt)}."
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{extra}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": extra}, *messages]
 
 
 def history_messages(store, session_id: str) -> list[dict]:

@@ -76,6 +76,13 @@ class TextOutput:
                     if usage.get("speculation")
                     else ""
                 )
+                + (
+                    f"; tool calls: {usage['tool_calls']} made, {usage['tool_calls_parsed']} "
+                    f"parsed, {usage['tool_calls_succeeded']} succeeded, "
+                    f"{usage['tool_calls_malformed']} malformed"
+                    if "tool_calls_parsed" in usage
+                    else ""
+                )
                 + (f"; session {usage['session']}" if usage.get("session") else "")
             )
 

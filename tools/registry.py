@@ -191,6 +191,32 @@ def run_tool(root: str | os.PathLike[str], name: str, arguments: dict[str, Any] 
     return no_surrogates(_run_tool(root, name, arguments))
 
 
+def signature(name: str) -> str:
+    """A tool's call as a model should write it: grep(pattern: string, path_glob?: string)."""
+    spec = TOOLS[name]
+    required = spec.parameters["required"]
+    args = ", ".join(
+        f"{key}{'' if key in required else '?'}: {schema['type']}"
+        for key, schema in spec.parameters["properties"].items()
+    )
+    return f"{name}({args})"
+
+
+def unknown_tool_error(name: str, offered: tuple[str, ...] | list[str]) -> str:
+    """What a model that called a tool it was not offered is told: the tools it has."""
+    listed = "; ".join(signature(n) for n in offered)
+    return f"unknown tool {name!r}: the only tools are {listed}"
+
+
+def argument_error(name: str, arguments: dict[str, Any] | None) -> str | None:
+    """Why the arguments do not fit the tool's schema, with its signature; None if they do."""
+    try:
+        validate(TOOLS[name], arguments)
+    except ToolError as exc:
+        return f"{exc}; call it as {signature(name)} (? marks an optional argument)"
+    return None
+
+
 def _run_tool(root: str | os.PathLike[str], name: str, arguments: dict[str, Any] | None) -> str:
     spec = TOOLS.get(name)
     if spec is None:

@@ -16,8 +16,8 @@ from agentctx.agent import (
     parse_tool_calls,
     tool_format,
 )
-from agentctx.ask import history_messages, run_turn, save_turn
-from agentctx.output import JsonOutput
+from agentctx.ask import TOOL_PROMPTS, history_messages, run_turn, save_turn
+from agentctx.output import JsonOutput, TextOutput
 from engine import SamplingParams
 from engine.loader import resolve_source
 from sessions.store import SessionStore
@@ -117,6 +117,82 @@ def test_json_calls_llama_style():
     assert parse_tool_calls('{"a": 1}', "json") == ('{"a": 1}', [])
 
 
+OFFERED = ("list_files", "read_file", "grep", "outline")
+GREP = ("grep", {"pattern": "def add"})
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    # tagged: closed, unclosed, closing tag missing before the next, JSON fenced inside
+    ('<tool_call>\n{"name": "grep", "arguments": {"pattern": "def add"}}\n</tool_call>', "", [GREP]),
+    ('<tool_call>{"name": "grep", "arguments": {"pattern": "def add"}}', "", [GREP]),
+    ('<tool_call>{"name": "grep", "arguments": {"pattern": "def add"}}\n<tool_call>'
+     '{"name": "outline", "arguments": {"path": "calc.py"}}</tool_call>',
+     "", [GREP, ("outline", {"path": "calc.py"})]),
+    ('<tool_call>\n```json\n{"name": "grep", "arguments": {"pattern": "def add"}}\n```\n</tool_call>',
+     "", [GREP]),
+    # fenced, as the 0.5B writes them, and with prose before
+    ('```json\n{\n  "name": "grep",\n  "arguments": {\n    "pattern": "def add"\n  }\n}\n```', "", [GREP]),
+    ('I will search.\n```tool_call\n{"name": "grep", "arguments": {"pattern": "def add"}}\n```',
+     "I will search.", [GREP]),
+    ('```\n[{"name": "grep", "arguments": {"pattern": "def add"}}, {"name": "list_files"}]\n```',
+     "", [GREP, ("list_files", {})]),
+    # bare: the whole message, several, after prose, a list, cut off before its last brace
+    ('{"name": "grep", "arguments": {"pattern": "def add"}}', "", [GREP]),
+    ('{"name": "grep", "parameters": {"pattern": "def add"}};\n{"name": "read_file", '
+     '"arguments": "{\\"path\\": \\"calc.py\\"}"}', "", [GREP, ("read_file", {"path": "calc.py"})]),
+    ('Let me look.\n{"name": "grep", "arguments": {"pattern": "def add"}}\nIt returns 3.',
+     "Let me look.", [GREP]),
+    ('{"name": "grep", "arguments": {"pattern": "def add"}', "", [GREP]),
+    # repaired: trailing commas, single quotes, Python's True, the OpenAI wrapper, flat
+    ('{"name": "grep", "arguments": {"pattern": "def add",},}', "", [GREP]),
+    ("{'name': 'grep', 'arguments': {'pattern': 'def add', 'ignore_case': True}}", "",
+     [("grep", {"pattern": "def add", "ignore_case": True})]),
+    ('{"type": "function", "function": {"name": "grep", "arguments": {"pattern": "def add"}}}',
+     "", [GREP]),
+    ('{"name": "read_file", "path": "calc.py"}', "", [("read_file", {"path": "calc.py"})]),
+    # a name that is no tool: a call (its error says which tools exist) when tagged or
+    # when it is the whole message; answer text when it sits in prose
+    ('```json\n{"name": "add", "arguments": {"a": 1}}\n```', "", [("add", {"a": 1})]),
+    ('For example:\n```json\n{"name": "add", "arguments": {"a": 1}}\n```\nis a call.',
+     'For example:\n```json\n{"name": "add", "arguments": {"a": 1}}\n```\nis a call.', []),
+    # answers that hold JSON or code stay answers
+    ('```json\n{"a": 1, "b": [2]}\n```', '```json\n{"a": 1, "b": [2]}\n```', []),
+    ('{"name": "calc", "version": "1.0"}', '{"name": "calc", "version": "1.0"}', []),
+    ('```python\ndef f():\n    return {"name": "grep", "arguments": {}}\n```',
+     '```python\ndef f():\n    return {"name": "grep", "arguments": {}}\n```', []),
+    ("See [the docs] and Bob's note.\n[x] done", "See [the docs] and Bob's note.\n[x] done", []),
+])  # fmt: skip
+def test_the_forms_real_models_write(text, content, calls):
+    got_content, got = parse_tool_calls(text, "hermes", OFFERED)
+    assert got_content == content
+    assert [(c.name, c.arguments) for c in got] == calls
+    assert all(c.error is None for c in got)
+    # streamed a character at a time, the screen shows the content and no call markup
+    v = VisibleText("hermes", OFFERED)
+    shown = "".join(v.feed(ch) for ch in text)
+    assert (shown + v.end(got_content)).rstrip() == got_content
+
+
+def test_an_ordinary_code_block_streams_as_it_comes():
+    v = VisibleText("hermes", OFFERED)
+    text = "Like this:\n```python\nx = {'a': 1}\nprint(x)\n"
+    shown = "".join(v.feed(ch) for ch in text)
+    assert shown == text  # nothing held back: no call starts a python block
+    v = VisibleText("hermes", OFFERED)
+    shown = "".join(v.feed(ch) for ch in '```json\n{"name": "gr')
+    assert shown == ""  # maybe a call: held until it closes
+
+
+def test_calls_that_do_not_parse_are_reported():
+    _, calls = parse_tool_calls('<tool_call>{"name": "grep", "arguments": {"p": "x', "hermes")
+    assert calls[0].problem == "unparsed" and "not valid JSON" in calls[0].error
+    _, calls = parse_tool_calls('<tool_call>{"name": "grep", "arguments": 3}</tool_call>', "hermes")
+    assert calls[0].problem == "unparsed" and "must be a JSON object" in calls[0].error
+    _, calls = parse_tool_calls("<tool_call>no json at all</tool_call>", "hermes")
+    assert calls[0].problem == "unparsed"
+    assert parse_tool_calls("<tool_call>x", None) == ("<tool_call>x", [])  # no tools: text
+
+
 @pytest.mark.parametrize("fmt,text,shown", [
     ("hermes", 'It is here.<tool_call>{"name": "x"}</tool_call>', "It is here."),
     ("hermes", "a <tool and <tool_cal but no call", "a <tool and <tool_cal but no call"),
@@ -170,6 +246,79 @@ def test_tool_errors_go_back_to_the_model(tokenizer_path, repo, tmp_path):
     assert all(errors) and "outside" in errors[0] and "unknown tool" in errors[1]
     second = engine.prompt_text(1)
     assert "s3cret" not in second and second.count("error: ") == 3
+
+
+def test_fenced_and_malformed_calls_run_or_get_errors_that_say_what_exists(tokenizer_path, repo):
+    """As the real 0.5B writes them: a fenced call of a function of the repository (no
+    tool), then arguments the schema refuses, then a fenced call that runs."""
+    fenced = '```json\n{{"name": "{}", "arguments": {}}}\n```'.format
+    engine = scripted(tokenizer_path, [
+        fenced("add", '{"a": 1, "b": 2}'),
+        fenced("grep", '{"pattern": "def add", "path": "calc.py"}'),
+        fenced("grep", '{"pattern": "def add"}'),
+        "add returns a + b (calc.py:2).",
+    ])  # fmt: skip
+    out, buf = Recorder(), io.StringIO()
+    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(repo))
+    assert result.answer == "add returns a + b (calc.py:2)."
+    assert out.shown == result.answer  # no call's JSON reached the screen
+    unknown, bad, good = (s.calls[0] for s in result.steps)
+    assert unknown.problem == "unknown_tool" and "the only tools are" in unknown.error
+    assert "read_file(path: string" in unknown.error and "git_blame(" in unknown.error
+    # a way out: where the repository defines the name, as a call to copy
+    assert (
+        '<tool_call>{"name": "read_file", "arguments": {"path": "calc.py", "start": 1, '
+        '"max_lines": 40}}</tool_call>' in unknown.error
+    )
+    assert bad.problem == "bad_arguments" and "unknown argument 'path'" in bad.error
+    assert "grep(pattern: string, path_glob?: string" in bad.error
+    assert good.error is None and "calc.py:1: def add" in good.result
+    assert "chapters" not in unknown.error  # only the tools this session was offered
+    # the model saw each error, and its calls rendered back in the template's own format
+    assert engine.prompt_text(1).count("the only tools are") == 1
+    assert '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}' in engine.prompt_text(1)
+    assert {k: v for k, v in result.usage.items() if k.startswith("tool_calls")} == {
+        "tool_calls": 3,
+        "tool_calls_parsed": 3,
+        "tool_calls_succeeded": 1,
+        "tool_calls_malformed": 2,
+    }
+    # the same counts in the --json usage event and on the stderr summary line
+    engine = scripted(
+        tokenizer_path, [fenced("grep", '{"pattern": "def add"}'), "<tool_call>{oops", "ok"]
+    )
+    output = JsonOutput(buf)
+    output.end(run_turn(engine, MESSAGES, SamplingParams(), output, str(repo)).usage)
+    usage = json.loads(buf.getvalue().splitlines()[-1])
+    assert usage["type"] == "usage" and usage["tool_calls"] == 2
+    assert (usage["tool_calls_parsed"], usage["tool_calls_succeeded"]) == (1, 1)
+    assert usage["tool_calls_malformed"] == 1
+    err = io.StringIO()
+    TextOutput(io.StringIO(), err).end({**usage, "cached_tokens": 0, "ttft_s": 0.1,
+                                        "prefill_tok_s": 1.0, "decode_tok_s": 1.0})  # fmt: skip
+    assert "tool calls: 2 made, 1 parsed, 1 succeeded, 1 malformed" in err.getvalue()
+
+
+def test_a_tool_that_is_no_name_of_the_repository_gets_a_grep_to_copy(tokenizer_path, repo):
+    engine = scripted(tokenizer_path, ['{"name": "subtract", "arguments": {}}', "No such."])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    error = result.steps[0].calls[0].error
+    assert '<tool_call>{"name": "grep", "arguments": {"pattern": "subtract"}}' in error
+    engine = scripted(tokenizer_path, ['{"name": "subtract", "parameters": {}}', "No."], JSON)
+    error = (
+        run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo)).steps[0].calls[0].error
+    )
+    assert '{"name": "grep", "parameters": {"pattern": "subtract"}}' in error  # Llama's form
+
+
+def test_a_turn_without_calls_counts_zero_and_the_tool_prompt_is_added(tokenizer_path, repo):
+    engine = scripted(tokenizer_path, ["add returns a + b."])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    assert result.usage["tool_calls"] == 0 and result.usage["tool_calls_malformed"] == 0
+    assert TOOL_PROMPTS["repo"] in engine.prompt_text(0)
+    engine = scripted(tokenizer_path, ["add returns a + b."])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), None)  # no tools
+    assert "tool_calls" not in result.usage and TOOL_PROMPTS["repo"] not in engine.prompt_text(0)
 
 
 def test_the_step_limit_stops_a_model_that_keeps_calling(tokenizer_path, repo):
@@ -279,6 +428,8 @@ def test_a_tool_call_stored_before_it_ran_renders_as_unfinished(tokenizer_path, 
         '{"name": "read_file", "arguments": {"start": ' + "9" * 5000 + "}}",
         '{"name": "read_file", "arguments": {"x": ' + "[" * 60 + "]" * 60 + "}}",
         '{"name": "read_file", "arguments": "{\\"start\\": NaN}"}',
+        '{"name": "read_file", "arguments": {"path": "a", "start": 1e999}}',
+        "{'name': 'read_file', 'arguments': {'path': 'a', 'start': NaN,}}",
     ],
 )
 def test_tool_calls_json_has_no_nan_huge_numbers_or_deep_nesting(body):
