@@ -10,6 +10,7 @@ repository by repository, so the engine's prefix cache reuses the packed prefix 
 python -m bench.answer_eval --model PATH_OR_NAME [--model ...] [--weights auto] \
     [--context-tokens N] [--limit N] [--repo NAME] [--only ID,ID] [--json PATH] [--md PATH]
 python -m bench.answer_eval --check      # only check the question set against its packages
+python -m bench.answer_eval --regrade R.json --json R.json --md R.md   # grade stored answers again
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def summarize(records: list[dict]) -> dict:
         "tool_calls": len(calls),
         "tool_calls_ok": sum(c["ok"] for c in calls),
         "questions_with_tools": sum(bool(r["tool_calls"]) for r in graded),
+        # calls the product's parser found malformed (its usage counts them; absent: 0)
+        "tool_calls_malformed": sum(r["usage"].get("tool_calls_malformed", 0) for r in graded),
         "expected_file_in_full": sum("full" in r["expected_file"] for r in graded),
         "ttft_s_mean": round(statistics.mean(ttft), 2) if ttft else None,
         "decode_tok_s_median": round(statistics.median(decode), 2) if decode else None,
@@ -238,6 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", dest="json_path", default=None, help="write results as JSON")
     ap.add_argument("--md", dest="md_path", default=None, help="write the tables as markdown")
     ap.add_argument("--check", action="store_true", help="check the question set and exit")
+    ap.add_argument("--regrade", metavar="JSON", help="grade a run's stored answers again")
     args = ap.parse_args(argv)
     for name in ("context_tokens", "max_tokens", "limit", "max_steps"):
         value = getattr(args, name)
@@ -323,18 +327,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         qs = load(args.questions) if args.questions else load()
         questions = select(qs, args)
+        stored = _read_results(args.regrade) if args.regrade else None
         with tempfile.TemporaryDirectory(prefix="answer-eval-") as tmp:
-            needed = list(qs.repos) if args.check else sorted({q.repo for q in questions})
+            whole = args.check or stored is not None
+            needed = list(qs.repos) if whole else sorted({q.repo for q in questions})
             roots = {name: build_repo(qs.repos[name], Path(tmp)) for name in needed}
-            check(qs if args.check else _subset(qs, questions), roots)
+            check(qs if whole else _subset(qs, questions), roots)
             if args.check:
                 print(f"{len(qs.questions)} questions over {len(roots)} repositories: all "
                       "expected files and symbols are where the set says")  # fmt: skip
                 return 0
-            meta = {"command": "python -m bench.answer_eval " + shlex.join(sys.argv[1:] if argv is None else argv),
-                    "hardware": hardware(), "questions": len(questions),
-                    "repos": {n: qs.repos[n].about for n in needed}}  # fmt: skip
-            runs = evaluate(args, qs, questions, roots, meta)
+            command = "python -m bench.answer_eval " + shlex.join(
+                sys.argv[1:] if argv is None else argv
+            )
+            if stored is not None:
+                meta, runs = stored["meta"], regrade(stored["runs"], qs, roots)
+                meta["regraded_by"] = command
+            else:
+                meta = {"command": command, "hardware": hardware(), "questions": len(questions),
+                        "repos": {n: qs.repos[n].about for n in needed}}  # fmt: skip
+                runs = evaluate(args, qs, questions, roots, meta)
     except QuestionSetError as e:
         print(f"answer_eval: error: {e}", file=sys.stderr)
         return 1
@@ -348,6 +360,32 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(args, runs, meta)
     print(markdown(runs, meta), end="")
     return 0
+
+
+def _read_results(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data.get("runs"), list) or "meta" not in data:
+            raise ValueError("no runs and meta")
+    except (OSError, ValueError, AttributeError) as e:
+        raise QuestionSetError(f"--regrade {path}: not this evaluation's JSON ({e})") from None
+    return data
+
+
+def regrade(runs: list[dict], qs, roots: dict[str, Path]) -> list[dict]:
+    """The stored answers graded again with this checkout's grader (no model runs)."""
+    by_id = {q.id: q for q in qs.questions}
+    indexes = {name: RepoIndex(root) for name, root in roots.items()}
+    for run in runs:
+        for r in run["records"]:
+            q = by_id.get(r["id"])
+            if q is None:
+                raise QuestionSetError(f"--regrade: question {r['id']} is not in the set")
+            if "answer" in r:
+                expected = [Expected(a.file, a.symbol) for a in q.answers]
+                r["grade"] = grade(r["answer"], expected, indexes[q.repo], q.facts).to_dict()
+        run["summary"] = summarize(run["records"])
+    return runs
 
 
 def _subset(qs, questions):

@@ -8,7 +8,7 @@
   `JSONDecoder.raw_decode`) appears as a whole identifier.
 - A fact, where the question has one, counts when any of its alternatives appears
   (case-insensitive).
-- A citation is `path:N` or `path:N-M`. It resolves when the path names one file of the
+- A citation is `path:N` or `path:N-M` (not `path:N lines`, a size). It resolves when the path names one file of the
   repository, the lines exist, and the identifiers the answer puts beside it (backticked
   code, calls, snake_case, CamelCase and dotted names, names next to "function", "class",
   "method") include one that appears on a cited line or names a def/class enclosing one.
@@ -30,6 +30,7 @@ _CITATION = re.compile(
     r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w.-]*\w\.[A-Za-z]\w*)"  # a path with a suffix
     r"(?:`|\*\*)?:\s?L?(\d+)(?:\s?[-–]\s?L?(\d+))?(?![\d])"
 )
+_LINE_COUNT = re.compile(r"\s*lines?\b")
 _PATH = re.compile(r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w.-]*\w\.[A-Za-z]\w*)(?![\w/])")
 _DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?!\w)")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -212,7 +213,9 @@ def _is_camel(word: str) -> bool:
 
 def find_citations(answer: str, repo: RepoIndex) -> list[Citation]:
     out: list[Citation] = []
-    matches = list(_CITATION.finditer(answer))
+    # "json/tool.py:85 lines" copies a file's header, "=== json/tool.py (85 lines) ===":
+    # a size, not a place
+    matches = [m for m in _CITATION.finditer(answer) if not _LINE_COUNT.match(answer, m.end())]
     for i, m in enumerate(matches):
         start = int(m.group(2))
         end = int(m.group(3)) if m.group(3) else start

@@ -127,3 +127,26 @@ def test_one_question_end_to_end_with_a_real_model(tmp_path, default_checkpoint)
     assert set(r["grade"]) >= {"correct", "file_ok", "symbol_ok", "citations"}
     assert r["packing"].startswith("packed ")
     assert run["summary"]["questions"] == 1 and "| json-01 |" in (tmp_path / "r.md").read_text()
+
+
+def test_regrade_grades_stored_answers_again(tmp_path):
+    stored = {"meta": {"command": "python -m bench.answer_eval"}, "runs": [{
+        "model": "m", "weights_mode": "dense", "records": [
+            {"id": "json-01", "repo": "json", "question": "?", "tool_calls": [],
+             "answer": "`detect_encoding` in json/__init__.py", "expected_file": ["full"],
+             "usage": {}, "wall_s": 1.0, "grade": {"correct": False}},
+            {"id": "json-03", "repo": "json", "question": "?", "tool_calls": [],
+             "answer": "JSONDecodeError, in json/__init__.py", "expected_file": ["full"],
+             "usage": {}, "wall_s": 1.0, "grade": {"correct": True}},
+        ]}]}  # fmt: skip
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(stored))
+    done = run_eval("--regrade", str(path), "--json", str(path))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(path.read_text())
+    first, second = data["runs"][0]["records"]
+    assert first["grade"]["correct"] and not second["grade"]["correct"]
+    assert data["runs"][0]["summary"]["correct"] == 1 and "regraded_by" in data["meta"]
+    (tmp_path / "bad.json").write_text("[]")
+    bad = run_eval("--regrade", str(tmp_path / "bad.json"))
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1

@@ -136,6 +136,13 @@ def test_a_citation_with_no_identifier_is_checked_for_its_line_only(json_repo):
     assert not past.resolved
 
 
+def test_a_line_count_is_no_citation(json_repo):
+    # the 0.5B wrote this, copying the packed files' headers
+    answer = "Cited files:\njson/tool.py:85 lines\njson/decoder.py:1 line and json/tool.py:3"
+    (cite,) = grade(answer, DETECT, json_repo).citations
+    assert cite.text == "json/tool.py:3"
+
+
 def test_each_citation_takes_the_identifiers_beside_it(json_repo):
     d = lines_of(json_repo, "json/__init__.py", "def detect_encoding")
     loads = lines_of(json_repo, "json/__init__.py", "def loads")
