@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.answer_eval_questions import QuestionSetError, build_repo, check, load
+from bench.answer_eval_report import hardware, markdown, summarize
 from bench.answer_grade import Expected, RepoIndex, grade
 
 DEFAULT_MAX_TOKENS = 256  # the answers asked for are a sentence or two; `ask` allows 400
@@ -118,110 +115,6 @@ def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps
     return record
 
 
-def summarize(records: list[dict]) -> dict:
-    graded = [r for r in records if "grade" in r]
-    cites = [c for r in graded for c in r["grade"]["citations"]]
-    calls = [c for r in graded for c in r["tool_calls"]]
-    ttft = [r["usage"]["ttft_s"] for r in graded if r["usage"].get("ttft_s") is not None]
-    decode = [r["usage"]["decode_tok_s"] for r in graded if r["usage"].get("decode_tok_s")]
-    n = len(records)
-    return {
-        "questions": n,
-        "errors": n - len(graded),
-        "correct": sum(r["grade"]["correct"] for r in graded),
-        "file_named": sum(r["grade"]["file_ok"] for r in graded),
-        "symbol_named": sum(r["grade"]["symbol_ok"] for r in graded),
-        "citations": len(cites),
-        "citations_resolved": sum(c["resolved"] for c in cites),
-        "citations_unchecked": sum(c["why"] == "unchecked" for c in cites),
-        "tool_calls": len(calls),
-        "tool_calls_ok": sum(c["ok"] for c in calls),
-        "questions_with_tools": sum(bool(r["tool_calls"]) for r in graded),
-        # calls the product's parser found malformed (its usage counts them; absent: 0)
-        "tool_calls_malformed": sum(r["usage"].get("tool_calls_malformed", 0) for r in graded),
-        "expected_file_in_full": sum("full" in r["expected_file"] for r in graded),
-        "ttft_s_mean": round(statistics.mean(ttft), 2) if ttft else None,
-        "decode_tok_s_median": round(statistics.median(decode), 2) if decode else None,
-        "wall_s": round(sum(r["wall_s"] for r in records), 1),
-    }
-
-
-def _pct(part: int, whole: int) -> str:
-    return f"{part}/{whole} ({part / whole:.0%})" if whole else "0/0"
-
-
-def markdown(runs: list[dict], meta: dict) -> str:
-    lines = [
-        "| model | weights | correct | file named | symbol named | citations resolve "
-        "| tool calls ok/made (questions using tools) | expected file packed in full "
-        "| TTFT mean (s) | decode tok/s (median) | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for run in runs:
-        s = run["summary"]
-        n = s["questions"]
-        lines.append(
-            f"| {run['model']} | {run['weights_mode']} | {_pct(s['correct'], n)} "
-            f"| {_pct(s['file_named'], n)} | {_pct(s['symbol_named'], n)} "
-            f"| {_pct(s['citations_resolved'], s['citations'])}"
-            f" ({s['citations_unchecked']} unchecked) "
-            f"| {s['tool_calls_ok']}/{s['tool_calls']} ({s['questions_with_tools']}) "
-            f"| {_pct(s['expected_file_in_full'], n)} | {s['ttft_s_mean']} "
-            f"| {s['decode_tok_s_median']} | {s['wall_s']} |"
-        )
-    for run in runs:
-        lines += ["", f"{run['model']} ({run['weights_mode']}), per question:", ""]
-        lines += [
-            "| question | correct | file | symbol | fact | citations ok | tools ok/made "
-            "| expected file | prompt tokens (reused) | TTFT (s) | answer |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in run["records"]:
-            lines.append(_question_row(r))
-    for run in runs[:1]:
-        sizes = ", ".join(f"{name} {n:,}" for name, n in run.get("repo_tokens", {}).items())
-        lines += ["", f"Repository sizes in {run['model']}'s tokens: {sizes}."] if sizes else []
-    lines += ["", f"Command: `{meta['command']}`", ""]
-    return "\n".join(lines) + "\n"
-
-
-def _question_row(r: dict) -> str:
-    if "grade" not in r:
-        return f"| {r['id']} | error | | | | | | | | | {_cell(r['error'])} |"
-    g, u = r["grade"], r["usage"]
-    yes = lambda v: "yes" if v else "no"
-    cites = sum(c["resolved"] for c in g["citations"])
-    ok = sum(c["ok"] for c in r["tool_calls"])
-    return (
-        f"| {r['id']} | {yes(g['correct'])} | {yes(g['file_ok'])} | {yes(g['symbol_ok'])} "
-        f"| {yes(g['fact_ok'])} | {cites}/{len(g['citations'])} | {ok}/{len(r['tool_calls'])} "
-        f"| {'/'.join(r['expected_file'])} | {u.get('prompt_tokens')} ({u.get('cached_tokens')}) "
-        f"| {u.get('ttft_s')} | {_cell(r['answer'])} |"
-    )
-
-
-def _cell(text: str, width: int = 90) -> str:
-    flat = " ".join(text.split()).replace("|", "\\|")
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
-
-
-def hardware() -> dict:
-    info = {"nproc": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version(), "load_average": os.getloadavg()}  # fmt: skip
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        info["lscpu"] = lscpu.splitlines()[:12]
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    try:
-        import torch
-
-        info["torch"], info["torch_threads"] = torch.__version__, torch.get_num_threads()
-    except ImportError:
-        pass
-    return info
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.answer_eval", description=__doc__.split("\n\n")[0])  # fmt: skip
     ap.add_argument(
@@ -242,7 +135,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--md", dest="md_path", default=None, help="write the tables as markdown")
     ap.add_argument("--check", action="store_true", help="check the question set and exit")
     ap.add_argument("--regrade", metavar="JSON", help="grade a run's stored answers again")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the --json file's graded answers and ask only the rest")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.resume and not args.json_path:
+        ap.error("--resume needs --json PATH (the results to continue)")
     for name in ("context_tokens", "max_tokens", "limit", "max_steps"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "max_steps" else 1):
@@ -277,25 +174,35 @@ def evaluate(args, qs, questions, roots: dict[str, Path], meta: dict) -> list[di
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, repetition_penalty=1.1)
     max_steps = DEFAULT_MAX_STEPS if args.max_steps is None else args.max_steps
     indexes = {name: RepoIndex(root) for name, root in roots.items()}
-    runs: list[dict] = []
+    order = {q.id: i for i, q in enumerate(qs.questions)}
+    runs: list[dict] = meta.pop("_runs", [])  # a resumed file's runs
     for model in args.model or ["default"]:
         for weights in args.weights or ["auto"]:
+            run = next((r for r in runs if (r["model"], r["weights"]) == (model, weights)), None)
+            done = {r["id"] for r in run["records"] if "grade" in r} if run else set()
+            todo = [q for q in questions if q.id not in done]
+            if not todo:
+                continue
             _log(f"loading {model} (weights {weights})...")
             config = engine_config(None, None, None, "off", args.speculate, "timed")
             engine = Engine.load(model, device=args.device, weights=weights, config=config)
-            run = {"model": model, "engine": engine.name, "weights": weights,
-                   "weights_mode": engine.weights_mode, "device": str(engine.device),
-                   "max_model_len": engine.max_model_len, "records": [],
-                   "repo_tokens": {name: _repo_tokens(engine, indexes[name]) for name in roots}}  # fmt: skip
-            runs.append(run)
-            for i, q in enumerate(questions, 1):
+            if run is None:
+                run = {"model": model, "weights": weights, "records": []}
+                runs.append(run)
+            run.update(engine=engine.name, weights_mode=engine.weights_mode, hardware=hardware(),
+                       device=str(engine.device), max_model_len=engine.max_model_len,
+                       records=[r for r in run["records"] if "grade" in r],
+                       repo_tokens={n: _repo_tokens(engine, indexes[n]) for n in roots})  # fmt: skip
+            for i, q in enumerate(todo, 1):
                 r = run_question(engine, str(roots[q.repo]), q, qs.prompt(q), params,
                                  args.context_tokens, max_steps, indexes[q.repo])  # fmt: skip
-                run["records"].append(r)
+                run["records"] = sorted([*run["records"], r], key=lambda r: order[r["id"]])
                 run["summary"] = summarize(run["records"])
-                _log(f"[{i}/{len(questions)}] {q.id}: " + _brief(r))
+                _log(f"[{i}/{len(todo)}] {q.id}: " + _brief(r))
                 write_outputs(args, runs, meta)  # a long run's results survive its end
             del engine
+    for run in runs:
+        run["summary"] = summarize(run["records"])
     return runs
 
 
@@ -343,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             if stored is not None:
                 meta, runs = stored["meta"], regrade(stored["runs"], qs, roots)
                 meta["regraded_by"] = command
+            elif args.resume and Path(args.json_path).exists():
+                data = _read_results(args.json_path)
+                meta = {**data["meta"], "_runs": data["runs"]}
+                meta.setdefault("resumed_by", []).append(command)
+                runs = evaluate(args, qs, questions, roots, meta)
             else:
                 meta = {"command": command, "hardware": hardware(), "questions": len(questions),
                         "repos": {n: qs.repos[n].about for n in needed}}  # fmt: skip

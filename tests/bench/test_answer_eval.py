@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.answer_eval import markdown, summarize
 from bench.answer_eval_questions import (
     QUESTIONS_PATH,
     QuestionSetError,
@@ -19,6 +18,7 @@ from bench.answer_eval_questions import (
     check,
     load,
 )
+from bench.answer_eval_report import markdown, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,3 +150,26 @@ def test_regrade_grades_stored_answers_again(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     bad = run_eval("--regrade", str(tmp_path / "bad.json"))
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_resume_keeps_graded_answers_and_asks_only_the_rest(tmp_path):
+    record = {"id": "json-01", "repo": "json", "question": "?", "tool_calls": [],
+              "answer": "`detect_encoding` in json/__init__.py", "expected_file": ["full"],
+              "usage": {}, "wall_s": 1.0,
+              "grade": {"correct": True, "file_ok": True, "symbol_ok": True, "pair_ok": True,
+                        "fact_ok": True, "citations": [], "citations_resolved": 0}}  # fmt: skip
+    stored = {"meta": {"command": "python -m bench.answer_eval"},
+              "runs": [{"model": "no-such-model", "weights": "auto", "weights_mode": "dense",
+                        "records": [record]}]}  # fmt: skip
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(stored))
+    # every question asked is answered already: no model is loaded (this one does not exist)
+    args = ("--model", "no-such-model", "--only", "json-01", "--json", str(path), "--resume")
+    done = run_eval(*args)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(path.read_text())
+    assert data["runs"][0]["records"] == [record] and data["meta"]["resumed_by"]
+    more = run_eval("--model", "no-such-model", "--only", "json-01,json-02", "--json", str(path),
+                    "--resume")  # fmt: skip
+    assert more.returncode == 1 and "model not found: no-such-model" in more.stderr
+    assert run_eval("--resume").returncode == 2
