@@ -23,6 +23,7 @@ Either format's calls parse whichever form the model writes them in.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,10 +44,33 @@ LIMIT_NOTE = "(tool step limit reached: answer now from what you have, without c
 
 @dataclass
 class ToolStep:
-    """One step that called tools: the text the model wrote before the calls, and the calls."""
+    """One step that called tools: the text the model wrote before the calls, and the calls;
+    `after`: a user message sent after their results (after_step), or None."""
 
     content: str
     calls: list[ToolCallRecord] = field(default_factory=list)
+    after: str | None = None
+
+
+# Added to the system prompt when the model is offered tools, with an example call in the
+# template's format (the session's stored system message is the same either way; each
+# turn adds this again, so a follow-up's prompt still extends the last one's).
+TOOL_PROMPTS = {
+    "repo": (
+        "When the files given lack what the question needs (a function's body, a file that "
+        "was left out or cut off), call a tool first: read_file reads a file, grep finds "
+        "where a name is defined or used. Only the tools listed below exist; the "
+        "repository's own functions are not tools."
+    ),
+    "book": (
+        "When the chapters given lack what the question needs, call a tool first: "
+        "search_book finds a phrase, read_chapter and read_lines read the text."
+    ),
+}
+TOOL_EXAMPLES = {
+    "repo": ("grep", {"pattern": "a_name"}),
+    "book": ("search_book", {"query": "a phrase"}),
+}
 
 
 def tool_format(template: str | None) -> str | None:
@@ -85,18 +109,26 @@ def format_call(name: str, arguments: dict[str, Any], fmt: str | None) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def search_hint(name: str, offered: tuple[str, ...], fmt: str | None, root=None) -> str:
+def search_hint(
+    name: str, offered: tuple[str, ...], fmt: str | None, root=None, read=frozenset()
+) -> str:
     """For a call of a tool that does not exist, which is often a function of the
-    repository called as a tool: where the repository defines that name, as a read_file
-    call to copy, or else how to find the name with a real tool."""
+    repository called as a tool (to run it): that it cannot run, and where the repository
+    defines it, as a read_file call to copy (or, once that file was read, to answer from
+    it); else how to find the name with a real tool. `read`: the paths read so far."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,80}", name):
         return ""
     if root is not None and "read_file" in offered:
         found = _definition(root, name)
         if found is not None:
-            arguments = {"path": found[0], "start": found[1], "max_lines": 40}
-            call = format_call("read_file", arguments, fmt)
-            return f"{name} is defined at {found[0]}:{found[1]}: read its code with {call}"
+            path, line = found
+            where = (
+                f"{name} is defined in the repository ({path}:{line}), not a tool: it cannot be run"
+            )
+            if path in read:
+                return f"{where}. {READ_ALREADY}"
+            call = format_call("read_file", {"path": path, "start": line, "max_lines": 40}, fmt)
+            return f"{where}. Read its code with {call}, then answer from the code"
     if "grep" in offered:
         call = format_call("grep", {"pattern": name}, fmt)
     elif "search_book" in offered:
@@ -122,10 +154,22 @@ def _definition(root, name: str) -> tuple[str, int] | None:
     return (m[1], int(m[2])) if m else None
 
 
-def check_calls(step: ToolStep, offered: tuple[str, ...], fmt: str | None, root=None) -> None:
+def read_paths(calls: list[ToolCallRecord]) -> frozenset[str]:
+    """The files that read_file calls read."""
+    return frozenset(
+        os.path.normpath(str(c.arguments.get("path")))
+        for c in calls
+        if c.name == "read_file" and c.error is None and c.result is not None
+    )
+
+
+def check_calls(
+    step: ToolStep, offered: tuple[str, ...], fmt: str | None, root=None, earlier=()
+) -> None:
     """Mark the calls that cannot run as written, with an error that says what to write:
     an unknown tool (the error lists the offered ones), arguments that do not fit the
-    schema (it gives the tool's signature), or a call that did not parse."""
+    schema (it gives the tool's signature), or a call that did not parse. A call the turn
+    already made (`earlier`) is not run again: the error says to use its result."""
     from tools.registry import argument_error, unknown_tool_error
 
     for call in step.calls:
@@ -135,19 +179,38 @@ def check_calls(step: ToolStep, offered: tuple[str, ...], fmt: str | None, root=
                 call.error = f"{call.error}; write a call as {example}"
         elif call.error is None and call.name not in offered:
             error = unknown_tool_error(call.name, offered)
-            call.error = f"{error}. {search_hint(call.name, offered, fmt, root)}".rstrip(" .")
+            hint = search_hint(call.name, offered, fmt, root, read_paths(list(earlier)))
+            call.error = f"{error}. {hint}".rstrip(" .")
+            call.looping = hint.endswith(READ_ALREADY)
             call.problem = UNKNOWN_TOOL
         elif call.error is None:
             error = argument_error(call.name, call.arguments)
             if error is not None:
                 call.error, call.problem = error, BAD_ARGUMENTS
+            elif any(_same(call, c) and c.result is not None for c in earlier):
+                call.error, call.looping = REPEATED, True  # (a small model loops on one call)
+        earlier = [*earlier, call]
 
 
-def run_tools(root: str, step: ToolStep, output, last: bool, offered=None, fmt=None) -> None:
-    """Run the step's calls that can run; every call gets a result or an error."""
+READ_ALREADY = "You have read its code: answer from it now, without tools"
+REPEATED = (
+    "this call was made before in this turn, and its result is above: answer from it now, "
+    "or make a different call"
+)
+
+
+def _same(a: ToolCallRecord, b: ToolCallRecord) -> bool:
+    return a.name == b.name and a.arguments == b.arguments
+
+
+def run_tools(
+    root: str, step: ToolStep, output, last: bool, offered=None, fmt=None, earlier=()
+) -> None:
+    """Run the step's calls that can run; every call gets a result or an error.
+    `earlier`: the turn's calls before this step."""
     from tools.registry import REPO_TOOLS, run_tool
 
-    check_calls(step, tuple(offered or REPO_TOOLS), fmt, root)
+    check_calls(step, tuple(offered or REPO_TOOLS), fmt, root, earlier)
     for call in step.calls:
         output.tool_call(call)
         if call.error is None:
@@ -179,3 +242,51 @@ def call_counts(calls: list[ToolCallRecord]) -> dict[str, int]:
         "tool_calls_succeeded": sum(c.error is None and c.result is not None for c in calls),
         "tool_calls_malformed": sum(c.problem is not None for c in calls),
     }
+
+
+def with_tool_prompt(messages: list[dict], kind: str, fmt: str | None) -> list[dict]:
+    """The conversation with the tool instructions added to its system message."""
+    extra = TOOL_PROMPTS.get(kind, TOOL_PROMPTS["repo"])
+    if not extra:
+        return list(messages)
+    name, arguments = TOOL_EXAMPLES.get(kind, TOOL_EXAMPLES["repo"])
+    extra = f"{extra} Write each call as {format_call(name, arguments, fmt)}."
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{extra}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": extra}, *messages]
+
+
+# What the model is told after a step's results, as a user message of its own (a note
+# inside the tool result did not move the 0.5B; this did: bench/tool_calls.py)
+ANSWER_NOW = (
+    "Answer the question from the tool results above, in words, without calling a tool. "
+    "The question: {question}"
+)
+ANSWER_OR_CALL = (
+    "If the tool results above hold what the question needs, answer it now, in words; "
+    "if not, call another tool. The question: {question}"
+)
+NUDGE_EVERY_STEP = False
+
+
+def question_of(messages: list[dict]) -> str:
+    """The turn's question: the last user message, after its "Question: " when it holds a
+    packed context (agentctx.ask.first_messages)."""
+    last = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    head, sep, question = last.rpartition("\n\nQuestion: ")
+    return question.strip() if sep else last.strip()
+
+
+def after_step(step: ToolStep, question: str, last: bool) -> tuple[str | None, bool]:
+    """(the user message to send after the step's results, whether the next step must be
+    the answer). The last allowed step, or one whose every call loops (a call made before,
+    a function called to run it after its file was read), is followed by ANSWER_NOW and
+    an answer; with NUDGE_EVERY_STEP, any other step by ANSWER_OR_CALL."""
+    if not question:
+        return None, last
+    if last or (step.calls and all(c.looping for c in step.calls)):
+        return ANSWER_NOW.format(question=question), True
+    if NUDGE_EVERY_STEP:
+        return ANSWER_OR_CALL.format(question=question), False
+    return None, False

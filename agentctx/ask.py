@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from agentctx.agent import DEFAULT_MAX_STEPS
+from agentctx.agent import DEFAULT_MAX_STEPS, TOOL_PROMPTS, with_tool_prompt  # noqa: F401
 from agentctx.packing import MAP_SHARE, PackedContext, pack_repository, summary_line
 
 SYSTEM_PROMPT = (
@@ -24,25 +24,6 @@ BOOK_SYSTEM_PROMPT = (
     "book are given with their line numbers. Answer from them, briefly, and cite lines as "
     "'line N' or chapters by title."
 )
-# Added to the system prompt when the model is offered tools, with an example call in the
-# template's format (the session's stored system message is the same either way; each
-# turn adds this again, so a follow-up's prompt still extends the last one's).
-TOOL_PROMPTS = {
-    "repo": (
-        "When the files given lack what the question needs (a function's body, a file that "
-        "was left out or cut off), call a tool first: read_file reads a file, grep finds "
-        "where a name is defined or used. Only the tools listed below exist; the "
-        "repository's own functions are not tools."
-    ),
-    "book": (
-        "When the chapters given lack what the question needs, call a tool first: "
-        "search_book finds a phrase, read_chapter and read_lines read the text."
-    ),
-}
-TOOL_EXAMPLES = {
-    "repo": ("grep", {"pattern": "a_name"}),
-    "book": ("search_book", {"query": "a phrase"}),
-}
 FOLLOW_UP_RESERVE = 1024  # tokens a new session leaves free for later turns
 # Tokens a new session also leaves free for tool results, when the model takes tools: a
 # read_file of a few hundred lines, a grep's matches.
@@ -117,11 +98,13 @@ def run_turn(
     from agentctx.agent import (
         ToolStep,
         VisibleText,
+        after_step,
         assistant_message,
         call_counts,
         check_calls,
         engine_tool_format,
         parse_tool_calls,
+        question_of,
         run_tools,
         tool_messages,
     )
@@ -132,6 +115,7 @@ def run_turn(
     names = BOOK_TOOLS if kind == "book" else REPO_TOOLS
     tools = schemas(names) if fmt else None
     convo, steps, completion, ttft = list(messages), [], 0, None
+    question, final = question_of(messages), False
     if fmt:
         convo = with_tool_prompt(convo, kind, fmt)
     for step_no in range(max_steps + 1):
@@ -165,7 +149,7 @@ def run_turn(
         if stats is not None:
             completion += stats.completion_tokens
             ttft = stats.ttft_s if ttft is None else ttft
-        if reason == "cancelled" or not calls or step_no == max_steps:
+        if reason == "cancelled" or not calls or step_no == max_steps or final:
             if calls and reason != "cancelled":
                 reason = "step_limit"
                 content = content or "(stopped: the tool step limit was reached)"
@@ -186,25 +170,14 @@ def run_turn(
                 usage["diverged_at"] = reuse.common_tokens  # the template re-rendered a turn
             return TurnResult(content, reason, usage, steps=steps)
         step = ToolStep(content, calls)
-        run_tools(root, step, output, step_no == max_steps - 1, names, fmt)
+        earlier = [c for s in steps for c in s.calls]
+        run_tools(root, step, output, step_no == max_steps - 1, names, fmt, earlier)
         steps.append(step)
         convo += [assistant_message(step), *tool_messages(step)]
+        step.after, final = after_step(step, question, step_no == max_steps - 1)
+        if step.after:
+            convo.append({"role": "user", "content": step.after})
     raise AssertionError("unreachable")  # the loop returns at step max_steps
-
-
-def with_tool_prompt(messages: list[dict], kind: str, fmt: str | None) -> list[dict]:
-    """The conversation with the tool instructions added to its system message."""
-    from agentctx.agent import format_call
-
-    extra = TOOL_PROMPTS.get(kind, TOOL_PROMPTS["repo"])
-    if not extra:
-        return list(messages)
-    name, arguments = TOOL_EXAMPLES.get(kind, TOOL_EXAMPLES["repo"])
-    extra = f"{extra} Write each call as {format_call(name, arguments, fmt)}."
-    if messages and messages[0].get("role") == "system":
-        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{extra}"}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": extra}, *messages]
 
 
 def history_messages(store, session_id: str) -> list[dict]:
@@ -308,6 +281,8 @@ def save_turn(store, session, name, root, kind, model, messages, packed, result,
                 store.add_tool_call(
                     session.id, c.name, c.arguments, c.result, c.error, message_id=m.id
                 )
+            if step.after:  # what the model was told after the results (agent.after_step)
+                store.add_message(session.id, "user", step.after)
         store.add_message(
             session.id,
             "assistant",

@@ -58,6 +58,7 @@ class ToolCallRecord:
     result: str | None = None
     error: str | None = None  # the call could not be parsed or the tool refused it
     problem: str | None = None  # UNPARSED, UNKNOWN_TOOL or BAD_ARGUMENTS: a malformed call
+    looping: bool = False  # the model asks again for what it has (agentctx.agent.check_calls)
 
     @property
     def output(self) -> str:

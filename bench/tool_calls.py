@@ -9,7 +9,8 @@ parsed, succeeded and malformed (the usage record's counts), which tools ran, an
 the answer states the fact.
 
 python -m bench.tool_calls --model PATH_OR_NAME [--weights dense] [-n 8] [--json out.json]
-    [--no-tool-prompt]   (without ask.TOOL_PROMPTS, to measure what they change)
+    [--no-tool-prompt]   (without agent.TOOL_PROMPTS, to measure what they change)
+    [--nudge-every-step] (agent.NUDGE_EVERY_STEP: ANSWER_OR_CALL after every tool step)
     [--show]             (print every step's raw text)
 """
 
@@ -125,14 +126,16 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=120)
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--no-tool-prompt", action="store_true")
+    ap.add_argument("--nudge-every-step", action="store_true")
     ap.add_argument("--show", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from agentctx import ask
+    from agentctx import agent
     from engine import Engine
 
     if args.no_tool_prompt:
-        ask.TOOL_PROMPTS = {kind: "" for kind in ask.TOOL_PROMPTS}
+        agent.TOOL_PROMPTS.update(dict.fromkeys(agent.TOOL_PROMPTS, ""))
+    agent.NUDGE_EVERY_STEP = args.nudge_every_step
     engine = Engine.load(args.model, device="cpu", weights=args.weights)
     rows, totals = [], dict.fromkeys(("made", "parsed", "succeeded", "malformed", "correct"), 0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,7 +167,9 @@ def main() -> None:
     n = len(rows)
     made = totals["made"]
     print(f"\n{n} questions, {args.model} ({args.weights}), tool prompt "
-          f"{'off' if args.no_tool_prompt else 'on'}: {made} calls made, "
+          f"{'off' if args.no_tool_prompt else 'on'}, nudge after "
+          f"{'every step' if args.nudge_every_step else 'the last or a looping step'}: "
+          f"{made} calls made, "
           f"{totals['parsed']} parsed, {totals['succeeded']} succeeded, "
           f"{totals['malformed']} malformed; questions with a successful call "
           f"{sum(r['succeeded'] > 0 for r in rows)}/{n}; answers correct "

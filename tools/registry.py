@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,26 @@ def _list_files(root: str | os.PathLike[str], max_files: int = 1000) -> str:
     return "\n".join([f"{len(paths)} files", *shown])
 
 
+_CITATION = re.compile(r"(.+?):(\d+)(?:-(\d+))?(?::.*)?", re.S)
+
+
+def _read_file(root, path: str, start: int = 1, end: int | None = None, max_lines: int = 400):
+    """read_file, where a path that names no file may be a citation, path:line or
+    path:start-end (or a grep match, path:line: text), as models copy them."""
+    try:
+        return read_file.read_file(root, path, start, end, max_lines)
+    except ToolError:
+        cited = _CITATION.fullmatch(path)
+        if cited is None or start != 1 or end is not None:
+            raise
+        line, last = int(cited[2]), int(cited[3]) if cited[3] else None
+        try:
+            return read_file.read_file(root, cited[1], max(line, 1), last, max_lines)
+        except ToolError:
+            pass
+        raise
+
+
 _PATH = ("string", "file path relative to the repository root")
 _START = ("integer", "first line, 1-based")
 _END = ("integer", "last line, inclusive (default: end of file)")
@@ -77,7 +98,7 @@ _SPECS = [
         "read_file",
         "Read a text file's lines, numbered, from start to end.",
         _params(("path",), path=_PATH, start=_START, end=_END, max_lines=_MAX_LINES),
-        read_file.read_file,
+        _read_file,
         "repo",
     ),
     ToolSpec(

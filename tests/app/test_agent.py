@@ -299,6 +299,59 @@ def test_fenced_and_malformed_calls_run_or_get_errors_that_say_what_exists(token
     assert "tool calls: 2 made, 1 parsed, 1 succeeded, 1 malformed" in err.getvalue()
 
 
+def test_a_function_called_as_a_tool_after_its_file_was_read(tokenizer_path, repo, tmp_path):
+    """The 0.5B reads the function, then calls it to run it: it is told to answer."""
+    engine = scripted(tokenizer_path, [
+        call("read_file", path="calc.py"), call("add", a=1, b=2), "add returns a + b.",
+    ])  # fmt: skip
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    error = result.steps[1].calls[0].error
+    assert "defined in the repository (calc.py:1), not a tool: it cannot be run" in error
+    assert "You have read its code: answer from it now" in error and 'read_file"' not in error
+    # a step that only loops is followed by a user message that asks for the answer, and
+    # the next step is the answer whatever it holds
+    asked = "Answer the question from the tool results above, in words, without calling a tool."
+    assert result.steps[0].after is None and result.steps[1].after.startswith(asked)
+    assert result.steps[1].after.endswith("The question: What does add return?")
+    assert engine.prompt_text(2).count(asked) == 1 and engine.prompt_text(1).count(asked) == 0
+    assert result.answer == "add returns a + b." and result.finish_reason == "stop"
+    # stored in place, so a follow-up's prompt extends the answer step's
+    with SessionStore(tmp_path / "s.db") as store:
+        session = save_turn(
+            store, None, None, str(repo), "repo", None, MESSAGES, None, result, "complete"
+        )
+        history = history_messages(store, session.id)
+    follow_up = scripted(tokenizer_path, ["It adds."])
+    run_turn(follow_up, history + [{"role": "user", "content": "And?"}], SamplingParams(),
+             Recorder(), str(repo))  # fmt: skip
+    assert follow_up.prompt_text(0).startswith(engine.prompt_text(2))
+
+
+def test_a_step_that_calls_on_after_a_looping_one_is_stopped(tokenizer_path, repo):
+    engine = scripted(
+        tokenizer_path, [call("list_files"), call("list_files"), call("grep", pattern="x")]
+    )
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    assert len(engine.prompts) == 3 and result.finish_reason == "step_limit"
+    assert result.usage["tool_calls"] == 3 and result.usage["tool_calls_succeeded"] == 1
+
+
+def test_a_citation_as_a_path_and_a_repeated_call(tokenizer_path, repo):
+    """read_file takes a path:line a model copied from grep; a call made again does not run
+    again: the model is told to use the result it has."""
+    engine = scripted(tokenizer_path, [
+        call("read_file", path="calc.py:2: return a + b"),
+        call("read_file", path="calc.py:2: return a + b") + call("read_file", path="calc.py:9"),
+        "add returns a + b.",
+    ])  # fmt: skip
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    first, (again, past_end) = result.steps[0].calls[0], result.steps[1].calls
+    assert first.result.startswith("calc.py (lines 2-2 of 2)") and "return a + b" in first.result
+    assert again.result is None and "made before in this turn" in again.error
+    assert past_end.error.startswith("cannot read calc.py:9")  # the name's own error
+    assert result.usage["tool_calls_succeeded"] == 1 and result.usage["tool_calls_malformed"] == 0
+
+
 def test_a_tool_that_is_no_name_of_the_repository_gets_a_grep_to_copy(tokenizer_path, repo):
     engine = scripted(tokenizer_path, ['{"name": "subtract", "arguments": {}}', "No such."])
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
