@@ -187,8 +187,13 @@ def check_calls(
             error = argument_error(call.name, call.arguments)
             if error is not None:
                 call.error, call.problem = error, BAD_ARGUMENTS
-            elif any(_same(call, c) and c.result is not None for c in earlier):
-                call.error, call.looping = REPEATED, True  # (a small model loops on one call)
+            else:  # a small model loops on one call, whether it worked or failed
+                before = next((c for c in reversed(earlier) if _same(call, c)), None)
+                if before is not None and before.result is not None:
+                    call.error, call.looping = REPEATED, True
+                elif before is not None and before.error is not None:
+                    first = before.error.split("\n\n")[0]
+                    call.error, call.looping = REPEATED_ERROR.format(error=first), True
         earlier = [*earlier, call]
 
 
@@ -196,6 +201,12 @@ READ_ALREADY = "You have read its code: answer from it now, without tools"
 REPEATED = (
     "this call was made before in this turn, and its result is above: answer from it now, "
     "or make a different call"
+)
+
+
+REPEATED_ERROR = (
+    "this call was made before in this turn and failed ({error}): do not repeat it; "
+    "make a different call, or answer from what is above"
 )
 
 

@@ -23,6 +23,7 @@ class TextOutput:
         self.progress = Progress(err)
         self.open_line = False  # the answer's last line has no newline yet
         self.ended_line = False  # info() ended it, so end() does not add a blank line
+        self.answered = False  # some answer text, not only white space, was written
 
     def info(self, line: str) -> None:
         if self.open_line:  # keep stderr lines off the end of the answer on a terminal
@@ -40,6 +41,7 @@ class TextOutput:
         self.out.write(delta)
         self.out.flush()
         self.open_line, self.ended_line = not delta.endswith("\n"), False
+        self.answered = self.answered or bool(delta.strip())
 
     def tool_call(self, call) -> None:
         self.info(f"-> {call.label()}")
@@ -48,7 +50,13 @@ class TextOutput:
         self.info(f"   {result_summary(call)}")
 
     def end(self, usage: dict) -> None:
-        if not self.ended_line:
+        if not self.answered:  # an empty stdout would read as a hang or a crash
+            calls = usage.get("tool_calls")
+            self.progress.line(
+                "no answer: the model stopped without writing one"
+                + (f" (after {calls} tool calls)" if calls else "")
+            )
+        elif not self.ended_line:
             self.out.write("\n")
             self.out.flush()
         if usage.get("prompt_tokens") is not None:

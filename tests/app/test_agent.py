@@ -352,6 +352,19 @@ def test_a_citation_as_a_path_and_a_repeated_call(tokenizer_path, repo):
     assert result.usage["tool_calls_succeeded"] == 1 and result.usage["tool_calls_malformed"] == 0
 
 
+def test_a_failed_call_made_again_is_not_run_and_the_next_step_answers(tokenizer_path, repo):
+    """The 0.5B repeats a call that failed (read_chapter past the last chapter, here a file
+    that is not there): the repeat is not run, it is told why, and the turn answers."""
+    missing = call("read_file", path="nope.py")
+    engine = scripted(tokenizer_path, [missing, missing, "There is no nope.py."])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    first, again = result.steps[0].calls[0], result.steps[1].calls[0]
+    assert first.error.startswith("cannot read nope.py") and again.result is None
+    assert again.error.startswith("this call was made before in this turn and failed (cannot")
+    assert result.steps[1].after.startswith("Answer the question from the tool results above")
+    assert result.answer == "There is no nope.py." and len(engine.prompts) == 3
+
+
 def test_a_tool_that_is_no_name_of_the_repository_gets_a_grep_to_copy(tokenizer_path, repo):
     engine = scripted(tokenizer_path, ['{"name": "subtract", "arguments": {}}', "No such."])
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
@@ -490,3 +503,15 @@ def test_tool_calls_json_has_no_nan_huge_numbers_or_deep_nesting(body):
     make the session file one that no import takes; a 5,000-digit number made json raise."""
     _, calls = parse_tool_calls(f"<tool_call>{body}</tool_call>", "hermes")
     assert calls[0].error is not None and calls[0].arguments == {}
+
+
+def test_a_turn_without_answer_text_says_so_on_stderr():
+    usage = {"prompt_tokens": 9, "cached_tokens": 0, "completion_tokens": 1, "ttft_s": 0.1,
+             "prefill_tok_s": 1.0, "decode_tok_s": 1.0, "tool_calls": 2}  # fmt: skip
+    for written, said in (("", True), ("\n  \n", True), ("Swift.", False)):
+        out, err = io.StringIO(), io.StringIO()
+        text = TextOutput(out, err)
+        text.text(written)
+        text.end(usage)
+        line = "no answer: the model stopped without writing one (after 2 tool calls)"
+        assert (line in err.getvalue()) == said, (written, err.getvalue())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,13 @@ from tests.app.test_cli import agentctx, assert_one_line_error
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """A fresh AGENTCTX_HOME for this test, sharing the session's GGUF cache."""
-    shared_cache = os.path.join(os.environ["AGENTCTX_HOME"], "cache")
+    """A fresh AGENTCTX_HOME for this test, sharing the session's GGUF cache and config
+    (its default model)."""
+    shared = os.environ["AGENTCTX_HOME"]
+    shared_cache = os.path.join(shared, "cache")
     home = tmp_path / "home"
     home.mkdir()
+    shutil.copy(os.path.join(shared, "config.json"), home / "config.json")
     os.makedirs(shared_cache, exist_ok=True)
     (home / "cache").symlink_to(shared_cache)
     monkeypatch.setenv("AGENTCTX_HOME", str(home))

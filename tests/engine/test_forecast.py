@@ -17,6 +17,8 @@ from engine.kv import SparseConfig
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
+# a fixed text: what these tests measure must not move when the README is edited
+README_EXCERPT = (ROOT / "tests" / "engine" / "data" / "readme_excerpt.md").read_text()
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
 UNIT = 2 * 16 * 64 * 4  # one page of one KV head, fp32
 
@@ -50,7 +52,7 @@ def runs():
         if policy:
             policy.setdefault("prefetch_policy", "auto")
         engine = load("free", **policy) if policy else load(forecast)
-        text = (ROOT / "README.md").read_text()[:3000]
+        text = README_EXCERPT[:3000]
         prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
         tokens = engine.generate([prompt], PARAMS)[0].token_ids
         out[forecast] = (tokens, engine.runner.tiers.stats, engine.runner.tiers)
@@ -222,7 +224,7 @@ def test_shipped_trained_forecast_improves_held_out_recall(model):
 
 def test_trained_forecast_prefetch_keeps_the_tokens(runs):
     engine = load("trained")
-    text = (ROOT / "README.md").read_text()[:3000]
+    text = README_EXCERPT[:3000]
     prompt = engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
     assert engine.generate([prompt], PARAMS)[0].token_ids == runs["off"][0]
     stats = engine.runner.tiers.stats

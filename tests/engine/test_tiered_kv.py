@@ -17,6 +17,8 @@ from engine.kv import SparseConfig
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
+# a fixed text: what these tests measure must not move when the README is edited
+README_EXCERPT = (ROOT / "tests" / "engine" / "data" / "readme_excerpt.md").read_text()
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
@@ -28,7 +30,7 @@ def load(sparse: SparseConfig | None = None) -> Engine:
 @pytest.fixture(scope="module")
 def prompt() -> list[int]:
     engine = load()
-    text = (ROOT / "README.md").read_text()[:3000]
+    text = README_EXCERPT[:3000]
     return engine.chat_tokens([{"role": "user", "content": text + "\nSummarise this."}])
 
 
