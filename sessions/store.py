@@ -3,37 +3,35 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import re
-import secrets
-import sqlite3
-import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlite_utils import Database
 
+from sessions.database import (
+    BUSY_TIMEOUT_MS,
+    DB_ERRORS,
+    check_writable,
+    describe_error,
+    open_database,
+    store_errors,
+)
 from sessions.errors import SessionError, SessionNotFound, StoreError
-from sessions.migrations import migrate
+from sessions.identifiers import (  # noqa: F401  (others import them from here)
+    ID_FORMAT,
+    ID_PATTERN,
+    TIMESTAMP_FORMAT,
+    is_session_id,
+    is_timestamp,
+    new_session_id,
+    utc_now,
+)
+from sessions.identifiers import check_name as _check_name
 from sessions.models import ROLES, ROOT_KINDS, STATUSES, Manifest, Message, Session, ToolCall
 from sessions.paths import db_path
-from sessions.transaction import write_transaction
-
-# Names may not look like ids, so get(ref) is never ambiguous.
-ID_PATTERN = re.compile(r"s-[0-9a-f]+")
-# Exactly the ids new_session_id() makes; an imported id must be one (it names a file).
-ID_FORMAT = re.compile(r"s-[0-9a-f]{6}")
-# Exactly what utc_now() writes.
-TIMESTAMP_FORMAT = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00"
-)
-
-BUSY_TIMEOUT_MS = 10_000
-
-_F = TypeVar("_F")
+from sessions.transaction import read_transaction, write_transaction
 
 _SESSION_SELECT = """
 select s.*, (select count(*) from messages m where m.session_id = s.id) as message_count
@@ -41,136 +39,8 @@ from sessions s
 """
 
 
-def utc_now() -> str:
-    # Microseconds, so ordering by the ISO text orders turns made in quick succession.
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-def new_session_id() -> str:
-    return f"s-{secrets.token_hex(3)}"
-
-
-def is_session_id(text: str) -> bool:
-    """Whether `text` is an id of the form the store makes ("s-" and 6 hex digits): safe
-    to use in a file name."""
-    return isinstance(text, str) and ID_FORMAT.fullmatch(text) is not None
-
-
-def is_timestamp(text: str) -> bool:
-    """Whether `text` is a real UTC time written the way utc_now() writes it."""
-    if not isinstance(text, str) or not TIMESTAMP_FORMAT.fullmatch(text):
-        return False
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:  # such as month 13
-        return False
-    return True
-
-
 def to_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
-
-
-def describe_error(e: BaseException, path: Path) -> str:
-    """One line for a failure of SQLite (or of binding a value to it) on the store at `path`."""
-    if isinstance(e, UnicodeEncodeError):
-        return "text that is not valid UTF-8 (it has a lone surrogate) cannot be stored"
-    if isinstance(e, OverflowError):
-        return "a number too large for the session store (its integers are 64-bit)"
-    text = str(e) or type(e).__name__
-    if "locked" in text or "busy" in text:
-        return (
-            f"the session store {path} is locked by another agentctx ({text});"
-            " try again when it is done"
-        )
-    if "disk is full" in text or "disk I/O" in text:
-        return f"cannot write the session store {path} ({text}); nothing was changed"
-    return f"session store {path}: {text}"
-
-
-# What a store method may raise from SQLite, each turned into StoreError.
-_DB_ERRORS = (sqlite3.Error, UnicodeEncodeError, OverflowError)
-
-
-def _store_errors(method: _F) -> _F:
-    """Turn SQLite errors of a store method into StoreError with one line. Its write
-    transaction has already been rolled back when the error reaches here."""
-
-    @functools.wraps(method)  # type: ignore[arg-type]
-    def wrapper(self: SessionStore, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)  # type: ignore[operator]
-        except _DB_ERRORS as e:
-            raise StoreError(describe_error(e, self.path)) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _enable_wal(db: Database, busy_timeout_ms: int) -> None:
-    """Switch to WAL. The switch needs an exclusive lock and SQLite may answer "database is
-    locked" at once, without waiting out the busy timeout, while another process is opening
-    the same new file: retry for up to the busy timeout."""
-    deadline = time.monotonic() + busy_timeout_ms / 1000
-    while True:
-        try:
-            db.enable_wal()
-            return
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def _check_ours(db: Database, path: Path) -> None:
-    """Refuse a SQLite file that holds something other than a session store, before
-    anything writes to it (the WAL switch, migrations): it is left exactly as it was.
-    A file with no schema at all is a new store."""
-    names = [row[0] for row in db.execute("select name from sqlite_master")]
-    if not names:
-        return
-    if "_migrations" in names:
-        try:
-            row = db.execute("select 1 from _migrations where name = 'm001_initial'").fetchone()
-        except sqlite3.OperationalError:  # another application's _migrations table
-            row = None
-        if row is not None:
-            return
-    shown = ", ".join(sorted(n for n in names if not n.startswith("sqlite_"))[:5])
-    raise StoreError(
-        f"{path} is not an agentctx session database (it holds other tables: {shown});"
-        " it was left unchanged"
-    )
-
-
-def open_database(path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Database:
-    """Open (creating if needed) and migrate the database. A file that is not a SQLite
-    database, or is another application's database, raises StoreError and is left
-    exactly as it was."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StoreError(f"cannot create {path.parent}: {e.strerror}") from None
-    db = None
-    try:
-        db = Database(path)
-        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        # Reads the header before anything could write to the file.
-        db.execute("PRAGMA schema_version").fetchone()
-        _check_ours(db, path)
-        _enable_wal(db, busy_timeout_ms)
-        db.execute("PRAGMA foreign_keys = ON")
-        migrate(db)
-    except sqlite3.Error as e:
-        if db is not None:
-            db.close()
-        if "locked" in str(e):
-            raise StoreError(describe_error(e, path)) from None
-        raise StoreError(f"cannot open session database {path}: {e}") from None
-    except BaseException:
-        if db is not None:
-            db.close()
-        raise
-    return db
 
 
 class SessionStore:
@@ -198,12 +68,27 @@ class SessionStore:
         try:
             with write_transaction(self.db) as db:
                 yield db
-        except _DB_ERRORS as e:
+        except DB_ERRORS as e:
             raise StoreError(describe_error(e, self.path)) from None
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[SessionStore]:
+        """Reads inside see one state of the store, whatever other processes commit
+        meanwhile (an export's messages and tool calls agree)."""
+        try:
+            with read_transaction(self.db):
+                yield self
+        except DB_ERRORS as e:
+            raise StoreError(describe_error(e, self.path)) from None
+
+    def check_writable(self) -> None:
+        """StoreError unless this process can write the store: checked before work whose
+        result must be stored (an answer), not after it."""
+        check_writable(self.db, self.path)
 
     # Sessions
 
-    @_store_errors
+    @store_errors
     def create(
         self,
         root: str | None,
@@ -229,7 +114,7 @@ class SessionStore:
             )
         return self.get(session_id)
 
-    @_store_errors
+    @store_errors
     def get(self, ref: str) -> Session:
         """By id, else by name."""
         row = self._row("s.id = ?", ref) or self._row("s.name = ?", ref)
@@ -237,13 +122,13 @@ class SessionStore:
             raise SessionNotFound(ref)
         return Session.from_row(row)
 
-    @_store_errors
+    @store_errors
     def latest(self) -> Session | None:
         """The most recently updated session."""
         sessions = self.list(limit=1)
         return sessions[0] if sessions else None
 
-    @_store_errors
+    @store_errors
     def list(self, limit: int | None = None) -> list[Session]:
         """Newest (most recently updated) first, each with its message count."""
         sql = _SESSION_SELECT + " order by s.updated desc, s.rowid desc"
@@ -253,7 +138,7 @@ class SessionStore:
             params.append(limit)
         return [Session.from_row(row) for row in self.db.query(sql, params)]
 
-    @_store_errors
+    @store_errors
     def rename(self, ref: str, new_name: str | None) -> Session:
         """Give a session a new unique name, or None to clear it."""
         if new_name is not None:
@@ -268,7 +153,7 @@ class SessionStore:
             )
         return self.get(session.id)
 
-    @_store_errors
+    @store_errors
     def set_title(self, ref: str, title: str | None) -> Session:
         with self.transaction():
             session = self.get(ref)
@@ -278,7 +163,7 @@ class SessionStore:
             )
         return self.get(session.id)
 
-    @_store_errors
+    @store_errors
     def delete(self, ref: str) -> Session:
         """Delete a session with its messages, tool calls and manifests (by cascade)."""
         with self.transaction():
@@ -288,7 +173,7 @@ class SessionStore:
 
     # Messages
 
-    @_store_errors
+    @store_errors
     def add_message(
         self,
         session_id: str,
@@ -318,7 +203,7 @@ class SessionStore:
             message_id = cursor.lastrowid
         return self.message(message_id)
 
-    @_store_errors
+    @store_errors
     def update_message(
         self,
         message_id: int,
@@ -350,14 +235,26 @@ class SessionStore:
                 self._touch(message.session_id, utc_now())
         return self.message(message_id)
 
-    @_store_errors
+    @store_errors
+    def delete_messages(self, session_id: str, message_ids: list[int]) -> None:
+        """Delete these messages of a session (their tool calls by cascade): a turn that
+        failed before it answered anything."""
+        with self.transaction():
+            self._require(session_id)
+            self.db.conn.executemany(
+                "delete from messages where id = ? and session_id = ?",
+                [(i, session_id) for i in message_ids],
+            )
+            self._touch(session_id, utc_now())
+
+    @store_errors
     def message(self, message_id: int) -> Message:
         rows = list(self.db.query("select * from messages where id = ?", [message_id]))
         if not rows:
             raise SessionError(f"no message numbered {message_id}")
         return Message.from_row(rows[0])
 
-    @_store_errors
+    @store_errors
     def messages(self, session_id: str) -> list[Message]:
         """In turn (seq) order."""
         self._require(session_id)
@@ -368,7 +265,7 @@ class SessionStore:
 
     # Tool calls
 
-    @_store_errors
+    @store_errors
     def add_tool_call(
         self,
         session_id: str,
@@ -391,7 +288,7 @@ class SessionStore:
             tool_call_id = cursor.lastrowid
         return self._tool_call(tool_call_id)
 
-    @_store_errors
+    @store_errors
     def update_tool_call(
         self, tool_call_id: int, result: str | None = None, error: str | None = None
     ) -> ToolCall:
@@ -405,7 +302,7 @@ class SessionStore:
             )
         return self._tool_call(tool_call_id)
 
-    @_store_errors
+    @store_errors
     def tool_calls(self, session_id: str) -> list[ToolCall]:
         self._require(session_id)
         rows = self.db.query(
@@ -415,7 +312,7 @@ class SessionStore:
 
     # Manifests
 
-    @_store_errors
+    @store_errors
     def add_manifest(
         self,
         session_id: str,
@@ -450,7 +347,7 @@ class SessionStore:
         rows = list(self.db.query("select * from manifests where id = ?", [manifest_id]))
         return Manifest.from_row(rows[0])
 
-    @_store_errors
+    @store_errors
     def manifests(self, session_id: str) -> list[Manifest]:
         self._require(session_id)
         rows = self.db.query(
@@ -494,10 +391,3 @@ class SessionStore:
 def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise SessionError(f"unknown {what} {value!r} (expected one of {', '.join(allowed)})")
-
-
-def _check_name(name: str) -> None:
-    if not name.strip() or name != name.strip() or "\n" in name:
-        raise SessionError(f"bad session name {name!r}")
-    if ID_PATTERN.fullmatch(name):
-        raise SessionError(f"session name {name!r} looks like a session id; choose another")

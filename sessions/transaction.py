@@ -1,4 +1,4 @@
-"""Write transactions that take SQLite's write lock up front."""
+"""Transactions: writes that take SQLite's write lock up front, and reads of one snapshot."""
 
 from __future__ import annotations
 
@@ -39,6 +39,23 @@ def write_transaction(db: Database) -> Iterator[Database]:
     except BaseException:
         _rollback(conn)
         raise
+
+
+@contextlib.contextmanager
+def read_transaction(db: Database) -> Iterator[Database]:
+    """Reads that see one state of the database: in WAL mode the first read fixes the
+    snapshot, and writers that commit meanwhile (they are not blocked) stay unseen until
+    the end. Inside a transaction already, it joins it."""
+    conn = db.conn
+    if conn.in_transaction:
+        yield db
+        return
+    conn.execute("BEGIN DEFERRED")
+    try:
+        conn.execute("select count(*) from sqlite_master").fetchone()  # the snapshot starts
+        yield db
+    finally:
+        _rollback(conn)  # (nothing was written: this ends the read)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
