@@ -5,14 +5,20 @@ the same model in llama.cpp's layout, so we convert it once and reuse the result
 conversion needs the `gguf` package, so it is imported inside functions: machines that only
 load cached checkpoints need not have it.
 
-Q4_0/Q4_1 linear weights are also kept in 4 bits, in Q4_FILE (a safetensors file), so the
-engine can run them with an int4 kernel (engine.quant). For each such HF weight `<name>`:
+Quantized linear weights also keep a quantized form for the CPU's quantized kernels
+(engine.quant; engine.gguf_quants says which type gets which). For each HF weight `<name>`:
+- Q4_FILE (a safetensors file), for Q4_0, Q4_1 and Q4_K:
     <name>.q      uint8   [N, K]       the 4-bit values, 0..15
     <name>.scale  float32 [N, K // 32]
     <name>.zero   float32 [N, K // 32]
-and W[n, k] = q[n, k] * scale[n, k // 32] + zero[n, k // 32] in float32 reproduces the
-weight in model.safetensors bit for bit (Q4_1: scale = d, zero = m; Q4_0: scale = d,
-zero = -8 d). Rows are un-permuted like the dense q/k weights.
+  W[n, k] = q[n, k] * scale[n, k // 32] + zero[n, k // 32] in float32 reproduces the weight
+  in model.safetensors bit for bit (Q4_1: scale = d, zero = m; Q4_0: scale = d, zero = -8 d;
+  Q4_K: scale = d sc, zero = -dmin m).
+- Q8_FILE, for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0, and for the output head (the token
+  embedding when tied) of any of these types or the Q4 ones:
+    <name>.q      int8    [N, K]       W[n, k] ~ q[n, k] * scale[n], to within scale[n] / 2
+    <name>.scale  float32 [N]          each a bfloat16 value (the int8 kernel's scale type)
+Rows are un-permuted like the dense q/k weights.
 """
 
 from __future__ import annotations
@@ -36,19 +42,19 @@ from typing import Any
 
 import numpy as np
 
-from engine import paths
+from engine import gguf_quants, paths
 from engine.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
 from engine.gguf_parts import as_parts, open_buffer
 
-_FORMAT_VERSION = 2  # part of the cache key: bump it when the converted output changes
+_FORMAT_VERSION = 3  # part of the cache key: bump it when the converted output changes
 _DONE = "gguf_source.json"  # written last; a directory without it is not a finished conversion
 _EDGE = 1 << 20  # bytes hashed from each end of the file for the cache key
-_CHUNK_BYTES = 4 << 20  # quantized bytes per dequantization call
 _UNUSED_S = 7 * 24 * 3600  # a conversion whose source is gone goes after a week unused
 _STALE_TMP_S = 24 * 3600  # temp dirs older than this are leftovers of a crashed conversion
 # Not "*.safetensors": loader.load_checkpoint_weights loads every file named so.
 Q4_FILE = "model.q4"
-Q4_GROUP = 32  # weights per Q4_0/Q4_1 block, each with its own scale and zero
+Q8_FILE = "model.q8"
+Q4_GROUP = gguf_quants.GROUP  # weights per scale and zero in Q4_FILE
 
 # GGUF architecture -> (HF class, model_type)
 _ARCHS = {
@@ -225,7 +231,7 @@ def _convert(src: Path, parts: Sequence[Path], out: Path) -> None:
             raise UnsupportedModelError(
                 f"{src}: unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHS)}"
             )
-        weights, q4 = _read_weights(src, buf, tensors, metadata, arch)
+        weights, q4, q8 = _read_weights(src, buf, tensors, metadata, arch)
     finally:
         # BufferError: a traceback still holds a view; the map closes when that is collected.
         with contextlib.suppress(BufferError):
@@ -242,7 +248,9 @@ def _convert(src: Path, parts: Sequence[Path], out: Path) -> None:
     if q4:
         meta = {"format": "q4", "group_size": str(Q4_GROUP), "weight": "q * scale + zero"}
         _save(q4, out / Q4_FILE, meta)
-    del q4
+    if q8:
+        _save(q8, out / Q8_FILE, {"format": "q8", "weight": "q * scale (per row)"})
+    del q4, q8
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", _generation_config(metadata))
     _write_tokenizer(src, metadata, out, config["max_position_embeddings"])
@@ -380,72 +388,17 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _dequantize(buf: mmap.mmap, t: _Tensor) -> np.ndarray:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
-
-    qtype = GGMLQuantizationType(t.qtype)
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    raw = np.frombuffer(buf, np.uint8, t.nbytes, t.start)
-    raw = raw.reshape(-1, t.shape[-1] // block * block_bytes)
-    if qtype == GGMLQuantizationType.F32:
-        return raw.view(np.float32).reshape(t.shape).copy()  # copy: the map is closed later
-    kind = getattr(quants, qtype.name, None)
-    if qtype == GGMLQuantizationType.F16 or not hasattr(kind, "dequantize_rows"):
-        out = quants.dequantize(raw, qtype)  # raises NotImplementedError for unknown types
-    else:
-        # Same math as quants.dequantize, which works 16 rows at a time; with ~4 MiB chunks
-        # numpy does the work in a few large calls instead of thousands (~3x faster).
-        kind.init_grid()  # the IQ types' lookup tables; a no-op for the others
-        step = max(1, _CHUNK_BYTES // raw.shape[1])
-        out = np.concatenate(
-            [kind.dequantize_rows(raw[i : i + step]) for i in range(0, len(raw), step)]
-        )
-    return out.reshape(t.shape).astype(np.float32, copy=False)
-
-
-def _dequantize_q4(buf: mmap.mmap, t: _Tensor) -> tuple[np.ndarray, ...]:
-    """A Q4_0/Q4_1 tensor -> (fp32 weight, q, scale, zero); see the module docstring."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    q4_1 = t.qtype == GGMLQuantizationType.Q4_1
-    _, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.qtype)]
-    rows, cols = math.prod(t.shape[:-1]), t.shape[-1]
-    per_row = cols // Q4_GROUP
-    raw = np.frombuffer(buf, np.uint8, t.nbytes, t.start).reshape(rows, per_row, block_bytes)
-    weight = np.empty((rows, cols), np.float32)
-    q = np.empty((rows, per_row, Q4_GROUP), np.uint8)
-    scale = np.empty((rows, per_row), np.float32)
-    zero = np.empty((rows, per_row), np.float32)
-    step = max(1, _CHUNK_BYTES // (per_row * block_bytes))
-    for i in range(0, rows, step):  # chunks, as in _dequantize
-        blocks = raw[i : i + step]
-        d = blocks[..., 0:2].view(np.float16).astype(np.float32)  # [rows, per_row, 1]
-        # Q4_1: w = d q + m. Q4_0: w = d (q - 8) = d q - 8 d, exactly in fp32: d is an fp16
-        # and q < 16, so d q and d (q - 8) need at most 15 significant bits.
-        z = blocks[..., 2:4].view(np.float16).astype(np.float32) if q4_1 else d * -8.0
-        qs = blocks[..., 4:] if q4_1 else blocks[..., 2:]  # byte j: weights j (low), j+16 (high)
-        chunk = q[i : i + step]
-        np.bitwise_and(qs, 0x0F, out=chunk[..., :16])
-        np.right_shift(qs, 4, out=chunk[..., 16:])
-        # the same float32 operations, in the same order, as gguf.quants' dequantize_blocks
-        weight[i : i + step] = (d * chunk.astype(np.float32) + z).reshape(len(blocks), cols)
-        scale[i : i + step], zero[i : i + step] = d[..., 0], z[..., 0]
-    shape = t.shape[:-1]
-    return (
-        weight.reshape(t.shape),
-        q.reshape(t.shape),
-        scale.reshape(*shape, per_row),
-        zero.reshape(*shape, per_row),
-    )
+def _raw(buf: mmap.mmap, t: _Tensor) -> np.ndarray:
+    return np.frombuffer(buf, np.uint8, t.nbytes, t.start)
 
 
 def _read_weights(
     src: Path, buf: mmap.mmap, tensors: list[_Tensor], metadata: dict[str, Any], arch: str
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """-> (HF weights in float32, 4-bit arrays of the Q4 linear weights for Q4_FILE)."""
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """-> (HF weights in float32, the 4-bit arrays for Q4_FILE, the int8 ones for Q8_FILE);
+    engine.gguf_quants says which weight gets which form."""
     from gguf import GGMLQuantizationType
 
-    q4_types = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
     plan = []
     for t in tensors:
         if t.name == _ROPE_FREQS:
@@ -455,16 +408,27 @@ def _read_weights(
         if hf is None:  # e.g. MoE experts in a Mixtral GGUF, which also says "llama"
             raise UnsupportedModelError(f"{src}: unsupported tensor {t.name!r} in a {arch} GGUF")
         plan.append((t, hf))
+    names = {hf for _, hf in plan}
+    head = "lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight"
 
-    def load(item: tuple[_Tensor, str]) -> np.ndarray | tuple[np.ndarray, ...]:
+    def load(item: tuple[_Tensor, str]) -> tuple[np.ndarray, tuple | None, tuple | None]:
+        """-> (float32 weight, (q, scale, zero) or None, (q, scale) or None)."""
+        t, hf = item
         try:
-            t, hf = item
-            if t.qtype in q4_types and len(t.shape) == 2 and _LINEAR_RE.fullmatch(hf):
-                return _dequantize_q4(buf, t)  # one pass gives both forms
-            return _dequantize(buf, t)
+            kind = GGMLQuantizationType(t.qtype).name
+            linear = len(t.shape) == 2 and _LINEAR_RE.fullmatch(hf) is not None
+            if linear and kind in gguf_quants.INT4_TYPES:
+                weight, *q4 = gguf_quants.dequantize_int4(_raw(buf, t), t.qtype, t.shape)
+                return weight, tuple(q4), None  # one pass gives both forms
+            weight = gguf_quants.dequantize(_raw(buf, t), t.qtype, t.shape)
+            # the output head gets int8 whatever its type, when the file quantized it
+            int8 = (linear and kind in gguf_quants.INT8_TYPES) or (
+                hf == head and kind in gguf_quants.INT4_TYPES + gguf_quants.INT8_TYPES
+            )
+            return weight, None, gguf_quants.int8_rows(weight) if int8 else None
         except NotImplementedError:
             raise UnsupportedModelError(
-                f"{src}: tensor type {item[0].qtype} of {item[0].name!r} cannot be dequantized "
+                f"{src}: tensor type {t.qtype} of {t.name!r} cannot be dequantized "
                 "by the installed gguf package"
             ) from None
         except (ValueError, TypeError, MemoryError) as e:
@@ -473,13 +437,13 @@ def _read_weights(
     # numpy releases the GIL inside its large array operations, so threads overlap well.
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(load, plan))
-    weights, q4 = {}, {}
-    for (_, hf), a in zip(plan, arrays, strict=True):
-        if isinstance(a, tuple):
-            base = hf.removesuffix(".weight")
-            weights[hf], q4[f"{base}.q"], q4[f"{base}.scale"], q4[f"{base}.zero"] = a
-        else:
-            weights[hf] = a
+    weights, q4, q8 = {}, {}, {}
+    for (_, hf), (weight, four, eight) in zip(plan, arrays, strict=True):
+        weights[hf], base = weight, hf.removesuffix(".weight")
+        if four is not None:
+            q4[f"{base}.q"], q4[f"{base}.scale"], q4[f"{base}.zero"] = four
+        if eight is not None:
+            q8[f"{base}.q"], q8[f"{base}.scale"] = eight
 
     if arch == "llama":  # only llama.cpp's LlamaModel permutes q/k; Qwen converters do not
         n_head = _meta(src, metadata, arch, "attention.head_count")
@@ -491,10 +455,11 @@ def _read_weights(
                     raise ModelLoadError(f"{src}: {name} does not split into {heads} heads")
                 weights[name] = _unpermute(weights[name], heads)
                 base = name.removesuffix(".weight")
-                for part in (".q", ".scale", ".zero"):  # rows move with their scales
-                    if base + part in q4:
-                        q4[base + part] = _unpermute(q4[base + part], heads)
-    return weights, q4
+                for arrays_of, part in ((q4, ".q"), (q4, ".scale"), (q4, ".zero"),
+                                        (q8, ".q"), (q8, ".scale")):  # fmt: skip
+                    if base + part in arrays_of:  # rows move with their scales
+                        arrays_of[base + part] = _unpermute(arrays_of[base + part], heads)
+    return weights, q4, q8
 
 
 # ---- config --------------------------------------------------------------------------------

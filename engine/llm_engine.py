@@ -139,22 +139,28 @@ class Stream:
 
 
 def _load_int4(net, source, device: torch.device, required: bool) -> bool:
-    """Switch a CPU model to the GGUF's 4-bit blocks for decode and an int8 output head.
-    Returns whether it did; `required` turns "no 4-bit weights here" into an error."""
+    """Switch a CPU model to the GGUF's quantized linears for decode (engine.quant: 4-bit
+    blocks, or int8 rows for 5- to 8-bit types) and an int8 output head. Returns whether it
+    did; `required` turns "no quantized weights here" into an error."""
     if device.type != "cpu":
         if required:
             raise EngineError("int4 weights run on the CPU only")
         return False
-    from engine.quant import load_native_int4, quantize_lm_head
+    from engine.gguf_quants import INT4_TYPES, INT8_TYPES
+    from engine.quant import load_quantized, quantize_lm_head
 
     # prefill chunks run dense: in bf16 where the CPU has AMX (3.5x faster than fp32 at 512
     # tokens on this machine's Xeon), else in the checkpoint's fp32
     dense = torch.bfloat16 if _cpu_has_amx() else torch.float32
-    if load_native_int4(net, source.path, dense) == 0:
+    if load_quantized(net, source.path, dense) == 0:
         if required:
-            raise EngineError(f"{source.name} has no 4-bit weights (int4 needs a Q4_0/Q4_1 GGUF)")
+            types = ", ".join(INT4_TYPES + INT8_TYPES)
+            raise EngineError(
+                f"{source.name} has no quantized weights (int4 needs a GGUF whose linear "
+                f"weights are all {types})"
+            )
         return False
-    quantize_lm_head(net)
+    quantize_lm_head(net, source.path)
     return True
 
 
@@ -258,10 +264,11 @@ class Engine:
         in the local Hugging Face cache, or "dummy:PRESET" (random weights of a real shape).
 
         weights: "dense" runs the checkpoint's weights as they are (the exact reference).
-        "int4", on the CPU, decodes through the GGUF's own 4-bit blocks and an int8 output
-        head, and prefills with dense weights (bf16 where the CPU has AMX): fast and close to,
-        not identical with, the reference. "auto" picks int4 where the checkpoint has 4-bit
-        blocks and the device is the CPU, else dense."""
+        "int4", on the CPU, decodes through the GGUF's own 4-bit blocks (Q4_0, Q4_1, Q4_K),
+        per-row int8 requantizations of its 5- to 8-bit ones (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
+        and an int8 output head, and prefills with dense weights (bf16 where the CPU has AMX):
+        fast and close to, not identical with, the reference. "auto" picks int4 where the
+        checkpoint has such weights and the device is the CPU, else dense."""
         fast = False
         if weights not in ("auto", "dense", "int4"):
             raise EngineError(f"unknown weights mode {weights!r}; use auto, dense or int4")

@@ -38,12 +38,12 @@ ACT_MUL = {
 def row_exact(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x) with each row computed as a one-row call would: a GEMM over several rows
     may sum in another order than the GEMV of one row (MKL does, in the last bits), so a
-    verification step runs its rows one by one. The 4-bit kernel is row-independent as it
-    is (tested), and is kept for any row count here (its dense switch-over would change the
-    numbers)."""
-    from engine.quant import Int4Linear
+    verification step runs its rows one by one. The quantized kernels are row-independent as
+    they are (tested), and are kept for any row count here (their dense switch-over would
+    change the numbers)."""
+    from engine.quant import QUANT_LINEARS
 
-    if isinstance(linear, Int4Linear):
+    if isinstance(linear, QUANT_LINEARS):
         return linear.forward(x, kernel_rows=x.shape[0])
     return torch.cat([linear.forward(x[i : i + 1]) for i in range(x.shape[0])])
 

@@ -19,18 +19,18 @@ Decode of the whole model: 42 ms/token fp32, 25 ms/token int4.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.gguf_quants import int8_rows
+
 if TYPE_CHECKING:
     from engine.model import CausalLM
 
 GROUP_SIZE = 32  # GGUF Q4 block: one scale and zero per 32 weights along K
-# Above these many tokens the dense weight wins (the table above, with some margin).
-DENSE_ABOVE = {torch.float32: 32, torch.bfloat16: 8}
 _FUSED = {  # our fused module -> its HF parts, in loader.py's row order
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "self_attn.o_proj": ("self_attn.o_proj",),
@@ -39,64 +39,48 @@ _FUSED = {  # our fused module -> its HF parts, in loader.py's row order
 }
 
 
-class Int4Linear(nn.Module):
-    """y = x @ W.T + bias with W[n, k] = q[n, k] * scale[n, k // 32] + zero[n, k // 32].
+class QuantLinear(nn.Module):
+    """y = x @ W.T + bias through a quantized CPU kernel on bf16 activations. With `dense`
+    (W in fp32 or bf16), inputs of more than `max_tokens` rows use F.linear instead."""
 
-    Runs torch's CPU int4 kernel on bf16 activations (~1e-2 abs error on outputs of ~3);
-    with `dense` (W in fp32 or bf16), inputs of more than `max_tokens` rows use F.linear."""
+    # dense dtype -> default max_tokens: above these many tokens the dense weight wins (the
+    # tables above, with some margin)
+    DENSE_ABOVE: dict[torch.dtype, int] = {}
 
     def __init__(
         self,
-        q: torch.Tensor,
-        scale: torch.Tensor,
-        zero: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        dense: torch.Tensor | None = None,
-        max_tokens: int | None = None,
+        N: int,
+        K: int,
+        bias: torch.Tensor | None,
+        dense: torch.Tensor | None,
+        max_tokens: int | None,
     ):
         super().__init__()
-        N, K = q.shape
-        if K % GROUP_SIZE or scale.shape != (N, K // GROUP_SIZE) or zero.shape != scale.shape:
-            raise ValueError(
-                f"bad 4-bit weight: q {tuple(q.shape)}, scale {tuple(scale.shape)}, "
-                f"zero {tuple(zero.shape)}; K must be a multiple of {GROUP_SIZE}"
-            )
         if dense is not None and dense.shape != (N, K):
             raise ValueError(f"dense weight {tuple(dense.shape)} is not {(N, K)}")
         self.in_features, self.out_features = K, N
-        # the kernel wants N % 16 == 0: pad with zero rows (scale 0, zero 0) and slice them off
-        pad = -N % 16
-        q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale.float(), zero.float()))
-        self.packed: torch.Tensor
-        self.register_buffer(
-            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-        )
-        # The kernel computes (q - 8) * s + z: so s = scale, z = zero + 8 scale, as [K/32, N, 2].
-        sz = torch.stack([scale, zero + 8 * scale], dim=-1).transpose(0, 1)
-        self.scales_and_zeros: torch.Tensor
-        self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16).contiguous())
         self.bias: torch.Tensor | None
         self.register_buffer("bias", bias)
         self.dense: torch.Tensor | None
         self.register_buffer("dense", dense)
         if max_tokens is None:
-            max_tokens = DENSE_ABOVE.get(dense.dtype, 32) if dense is not None else 0
+            max_tokens = self.DENSE_ABOVE.get(dense.dtype, 32) if dense is not None else 0
         self.max_tokens = max_tokens
 
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """x: bf16 [T, K], contiguous -> [T, out_features]"""
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor, kernel_rows: int = 0) -> torch.Tensor:
-        """kernel_rows: use the 4-bit kernel up to this many rows even past max_tokens (a
+        """kernel_rows: use the quantized kernel up to this many rows even past max_tokens (a
         verification step's rows must match single-row decode bit for bit)."""
-        # Kept lean: at T = 1 the kernel takes ~15 us, so each extra op's ~1 us shows.
+        # Kept lean: at T = 1 a kernel takes ~15 us, so each extra op's ~1 us shows.
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         dense, bias = self.dense, self.bias
         if dense is not None and x2.shape[0] > max(self.max_tokens, kernel_rows):
             y = F.linear(x2.to(dense.dtype), dense, None if bias is None else bias.to(dense.dtype))
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x2.to(torch.bfloat16).contiguous(), self.packed, GROUP_SIZE, self.scales_and_zeros
-            )
-            if y.shape[1] != self.out_features:
-                y = y[:, : self.out_features]  # drop the padding rows
+            y = self._kernel(x2.to(torch.bfloat16).contiguous())
             if bias is not None:
                 y = y + bias
         y = y.to(x.dtype)
@@ -110,30 +94,101 @@ class Int4Linear(nn.Module):
         )
 
 
-def load_native_int4(
+class Int4Linear(QuantLinear):
+    """W[n, k] = q[n, k] * scale[n, k // 32] + zero[n, k // 32], q in 0..15: torch's CPU int4
+    kernel (~1e-2 abs error on outputs of ~3: bf16 activations, scales and zeros)."""
+
+    DENSE_ABOVE = {torch.float32: 32, torch.bfloat16: 8}
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dense: torch.Tensor | None = None,
+        max_tokens: int | None = None,
+    ):
+        N, K = q.shape
+        if K % GROUP_SIZE or scale.shape != (N, K // GROUP_SIZE) or zero.shape != scale.shape:
+            raise ValueError(
+                f"bad 4-bit weight: q {tuple(q.shape)}, scale {tuple(scale.shape)}, "
+                f"zero {tuple(zero.shape)}; K must be a multiple of {GROUP_SIZE}"
+            )
+        super().__init__(N, K, bias, dense, max_tokens)
+        # the kernel wants N % 16 == 0: pad with zero rows (scale 0, zero 0) and slice them off
+        pad = -N % 16
+        q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale.float(), zero.float()))
+        self.packed: torch.Tensor
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        )
+        # The kernel computes (q - 8) * s + z: so s = scale, z = zero + 8 scale, as [K/32, N, 2].
+        sz = torch.stack([scale, zero + 8 * scale], dim=-1).transpose(0, 1)
+        self.scales_and_zeros: torch.Tensor
+        self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16).contiguous())
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.packed, GROUP_SIZE, self.scales_and_zeros
+        )
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]  # padding
+
+
+class Int8Linear(QuantLinear):
+    """W[n, k] = q[n, k] * scale[n], q int8 and scale a bfloat16 per row: torch's CPU int8
+    kernel (bf16 activations and outputs). The output head, too, without bias or dense."""
+
+    DENSE_ABOVE = {torch.float32: 32, torch.bfloat16: 8}
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dense: torch.Tensor | None = None,
+        max_tokens: int | None = None,
+    ):
+        N, K = q.shape
+        # the AVX2 kernel steps K by 8 and loads activations 16-byte aligned
+        if q.dtype != torch.int8 or scale.shape != (N,) or K % 8:
+            raise ValueError(
+                f"bad int8 weight: q {tuple(q.shape)} {q.dtype}, scale {tuple(scale.shape)}; "
+                "K must be a multiple of 8"
+            )
+        super().__init__(N, K, bias, dense, max_tokens)
+        self.q: torch.Tensor
+        self.register_buffer("q", q.contiguous())
+        self.scale: torch.Tensor
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if x.data_ptr() % 16:  # a view into a bf16 buffer: the kernel would crash
+            x = x.clone()
+        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+
+
+QUANT_LINEARS = (Int4Linear, Int8Linear)
+
+
+def load_quantized(
     model: CausalLM, directory: Path, dense_dtype: torch.dtype | None = torch.float32
 ) -> int:
-    """Replace every layer's qkv_proj, o_proj, gate_up_proj and down_proj with an Int4Linear
-    built from directory / Q4_FILE (written by engine.gguf_file). Returns how many modules
-    were replaced: 0, with the model unchanged, when there is no such file or some weight
-    has no 4-bit form there.
+    """Replace every layer's qkv_proj, o_proj, gate_up_proj and down_proj with a quantized
+    linear from directory's Q4_FILE and Q8_FILE (written by engine.gguf_file): an Int4Linear
+    where each of its HF parts has a 4-bit form, else an Int8Linear where each has one form
+    or the other (a 4-bit part, such as a Q4_K q_proj beside a Q6_K v_proj, is requantized
+    to int8 from its dense rows). Returns how many modules were replaced: 0, with the model
+    unchanged, when some weight has no quantized form (an F16 GGUF, a plain checkpoint).
 
     dense_dtype: keep each weight also densely in this dtype (the loaded fp32 one, or a bf16
-    copy) for prefill chunks, where the int4 kernel is slower; None frees it (least memory).
+    copy) for prefill chunks, where the quantized kernels are slower; None frees it.
     CPU only: ValueError for a model on another device."""
-    from engine.gguf_file import Q4_FILE
-
     device = next(model.parameters()).device
     if device.type != "cpu":
-        raise ValueError(f"4-bit weights run on CPU only; the model is on {device}")
+        raise ValueError(f"quantized weights run on CPU only; the model is on {device}")
     if dense_dtype not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"dense_dtype must be None, float32 or bfloat16, not {dense_dtype}")
-    path = Path(directory) / Q4_FILE
-    if not path.is_file():
-        return 0
-    from safetensors import safe_open
-
-    parts = ("q", "scale", "zero")
     plan = []  # (parent module, attribute, current nn.Linear, HF names of its row blocks)
     for i, layer in enumerate(model.layers):
         for ours, hf_names in _FUSED.items():
@@ -141,53 +196,100 @@ def load_native_int4(
             parent = getattr(layer, parent_name)
             bases = [f"model.layers.{i}.{hf}" for hf in hf_names]
             plan.append((parent, attr, getattr(parent, attr), bases))
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        keys = set(f.keys())
-        # All or nothing (the promise above); a file with some weights in other types, say
-        # Q6_K, stays dense everywhere.
-        if any(f"{b}.{p}" not in keys for *_, bases in plan for b in bases for p in parts):
+    with _Arrays(directory) as arrays:
+        # All or nothing (the promise above): check every form and shape before changing
+        # anything.
+        forms = [[arrays.form(b) for b in bases] for *_, bases in plan]
+        if not plan or any(None in f for f in forms):
             return 0
-        for _, _, old, bases in plan:  # check every shape before changing anything
-            rows = sum(f.get_slice(f"{b}.q").get_shape()[0] for b in bases)
-            cols = {f.get_slice(f"{b}.q").get_shape()[1] for b in bases}
+        for (_, _, old, bases), kinds in zip(plan, forms, strict=True):
+            shapes = [arrays.shape(kind, b) for kind, b in zip(kinds, bases, strict=True)]
+            rows, cols = sum(s[0] for s in shapes), {s[1] for s in shapes}
             if (rows, *cols) != tuple(old.weight.shape):
                 raise ValueError(
-                    f"{path}: {bases[0]}: 4-bit rows {rows} x {sorted(cols)} do not fit "
-                    f"the model's {tuple(old.weight.shape)} weight"
+                    f"{directory}: {bases[0]}: quantized rows {rows} x {sorted(cols)} do not "
+                    f"fit the model's {tuple(old.weight.shape)} weight"
                 )
-        for parent, attr, old, bases in plan:
-            # fused rows in loader.py's order: q, k, v and gate, up
-            q, scale, zero = (torch.cat([f.get_tensor(f"{b}.{p}") for b in bases]) for p in parts)
+        for (parent, attr, old, bases), kinds in zip(plan, forms, strict=True):
             dense = None if dense_dtype is None else old.weight.detach().to(dense_dtype)
             bias = None if old.bias is None else old.bias.detach()
-            setattr(parent, attr, Int4Linear(q, scale, zero, bias, dense))
+            if all(kind == "q4" for kind in kinds):
+                # fused rows in loader.py's order: q, k, v and gate, up
+                q, scale, zero = (torch.cat([arrays.get("q4", b, p) for b in bases])
+                                  for p in ("q", "scale", "zero"))  # fmt: skip
+                setattr(parent, attr, Int4Linear(q, scale, zero, bias, dense))
+            else:
+                q, scale = arrays.int8(bases, kinds, old.weight.detach())
+                setattr(parent, attr, Int8Linear(q, scale, bias, dense))
     return len(plan)
 
 
-class Int8Head(nn.Module):
-    """The output projection with per-row symmetric int8 weights, for CPU decode.
+class _Arrays:
+    """The Q4_FILE and Q8_FILE of a converted checkpoint, open (either may be missing)."""
 
-    SmolLM2's tied head is 49152 x 576: 113 MB of fp32 read per token, the largest single read
-    once the layers are 4-bit. Per-row int8 with bf16 activations takes 2.5 ms against 6.2 ms
-    in fp32 (cold cache, 2 cores); on 600 positions of a novel its top-1 token agrees with the
-    fp32 head on 96.8% (a bf16 head: 97.3%; the disagreements are near-ties)."""
+    def __init__(self, directory: Path):
+        from engine.gguf_file import Q4_FILE, Q8_FILE
 
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        scale = weight.detach().float().abs().amax(dim=1).clamp_min(1e-12) / 127
-        self.register_buffer(
-            "q", torch.round(weight.detach().float() / scale[:, None]).to(torch.int8)
-        )
-        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.paths = {"q4": Path(directory) / Q4_FILE, "q8": Path(directory) / Q8_FILE}
+        self.files: dict[str, Any] = {}
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = hidden.to(torch.bfloat16).contiguous()
-        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale).to(hidden.dtype)
+    def __enter__(self) -> _Arrays:
+        from safetensors import safe_open
+
+        for kind, path in self.paths.items():
+            if path.is_file():
+                self.files[kind] = safe_open(str(path), framework="pt", device="cpu")
+        self.keys = {kind: set(f.keys()) for kind, f in self.files.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.files.clear()  # (safe_open handles close when collected)
+
+    def form(self, base: str) -> str | None:
+        """Which quantized form the HF weight `base` has: "q4", "q8" or None."""
+        if {f"{base}.{p}" for p in ("q", "scale", "zero")} <= self.keys.get("q4", set()):
+            return "q4"
+        if {f"{base}.q", f"{base}.scale"} <= self.keys.get("q8", set()):
+            return "q8"
+        return None
+
+    def shape(self, kind: str, base: str) -> list[int]:
+        return list(self.files[kind].get_slice(f"{base}.q").get_shape())
+
+    def get(self, kind: str, base: str, part: str) -> torch.Tensor:
+        return self.files[kind].get_tensor(f"{base}.{part}")
+
+    def int8(
+        self, bases: list[str], kinds: list[str], dense: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused module's int8 rows: stored ones, or requantized from the dense rows."""
+        qs, scales, row = [], [], 0
+        for base, kind in zip(bases, kinds, strict=True):
+            n = self.shape(kind, base)[0]
+            if kind == "q8":
+                q, scale = self.get("q8", base, "q"), self.get("q8", base, "scale")
+            else:
+                q, scale = map(torch.from_numpy, int8_rows(dense[row : row + n].float().numpy()))
+            qs.append(q)
+            scales.append(scale)
+            row += n
+        return torch.cat(qs), torch.cat(scales)
 
 
-def quantize_lm_head(model: CausalLM) -> None:
-    """Give a CPU model an int8 output head (decode speed); the dense head stays for reference."""
+def quantize_lm_head(model: CausalLM, directory: Path | None = None) -> None:
+    """Give a CPU model an int8 output head (decode speed); the dense head stays for reference.
+    Its int8 rows come from directory's Q8_FILE where the converter stored them, else from
+    the model's weight."""
     if model.embed_tokens.weight.device.type != "cpu":
         raise ValueError("the int8 head is a CPU kernel")
-    weight = model.embed_tokens.weight if model.cfg.tie_word_embeddings else model.lm_head.weight
-    model.int8_head = Int8Head(weight)
+    tied = model.cfg.tie_word_embeddings
+    weight = (model.embed_tokens if tied else model.lm_head).weight.detach()
+    base = "model.embed_tokens" if tied else "lm_head"
+    q = scale = None
+    if directory is not None:
+        with _Arrays(directory) as arrays:
+            if arrays.form(base) == "q8" and arrays.shape("q8", base) == list(weight.shape):
+                q, scale = arrays.get("q8", base, "q"), arrays.get("q8", base, "scale")
+    if q is None:
+        q, scale = map(torch.from_numpy, int8_rows(weight.float().numpy()))
+    model.int8_head = Int8Linear(q, scale)

@@ -243,9 +243,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"llama.cpp {made.version}, CUDA, `llama-bench -n {args.n} -fa 1 -ngl 99 -r {args.reps}`")
     print(text)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"llamacpp_version": made.version, "preset": args.preset, "build": made.record, "n": args.n, "reps": args.reps,
-           "cap_gib": args.cap_gib, "rows": [row_id(r) for r in rows], "results": results,
-           "models": {k: str(v) for k, v in models.items()}, "table_md": text}  # fmt: skip
+    doc = {
+        "llamacpp_version": made.version,
+        "preset": args.preset,
+        "build": made.record,
+        "n": args.n,
+        "reps": args.reps,
+        "cap_gib": args.cap_gib,
+        "rows": [row_id(r) for r in rows],
+        "results": results,
+        "models": {k: str(v) for k, v in models.items()},
+        "table_md": text,
+    }
     (out / "llamacpp_gpu.json").write_text(json.dumps(doc, indent=2))
     return 0
 

@@ -1,4 +1,5 @@
-"""4-bit weights: the GGUF converter's Q4 arrays, Int4Linear, and load_native_int4 end to end."""
+"""Quantized weights: the GGUF converter's Q4 and Q8 arrays, Int4Linear, Int8Linear, and
+load_quantized end to end."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.gguf_file import Q4_FILE, gguf_to_checkpoint
+from engine.gguf_file import Q4_FILE, Q8_FILE, gguf_to_checkpoint
+from engine.gguf_quants import int8_rows
 from engine.llm_engine import prompt_logits
 from engine.loader import (
     build_model,
@@ -19,7 +21,7 @@ from engine.loader import (
     read_config,
     resolve_source,
 )
-from engine.quant import GROUP_SIZE, Int4Linear, load_native_int4
+from engine.quant import GROUP_SIZE, Int4Linear, Int8Linear, load_quantized, quantize_lm_head
 
 gguf = pytest.importorskip("gguf")
 
@@ -88,6 +90,72 @@ def test_int4_linear_rejects_bad_shapes() -> None:
         Int4Linear(q, scale, zero, dense=torch.zeros(32, 32))
 
 
+# ---- Int8Linear ----------------------------------------------------------------------------
+
+
+def _random_int8(N: int, K: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * (0.02 + 0.05 * torch.rand(N, 1, generator=g))
+    q, scale = map(torch.from_numpy, int8_rows(w.numpy()))
+    return q, scale, q.float() * scale[:, None]  # the kernel's weight, exactly
+
+
+@pytest.mark.parametrize("T", [1, 7])
+@pytest.mark.parametrize(("N", "K", "bias"), [(96, 160, False), (1001, 64, True)])
+def test_int8_linear_matches_its_weight(T: int, N: int, K: int, bias: bool) -> None:
+    q, scale, w = _random_int8(N, K)
+    b = torch.randn(N) if bias else None
+    layer = Int8Linear(q, scale, b)
+    x = torch.randn(T, K)
+    with torch.inference_mode():
+        got, want = layer(x), F.linear(x, w, b)
+    assert got.shape == (T, N) and got.dtype == torch.float32
+    # bf16 activations and a bf16 output: errors of bf16 size, far below the outputs' spread
+    assert (got - want).abs().max().item() <= _bf16_error_bound(x, w) + 2**-8 * want.abs().max()
+    assert (got - want).abs().max().item() < 0.02 * want.abs().max().item()
+
+
+def test_int8_linear_dense_path_and_misaligned_inputs() -> None:
+    q, scale, w = _random_int8(64, 96)
+    b = torch.randn(64)
+    layer = Int8Linear(q, scale, b, dense=w, max_tokens=4)
+    long = torch.randn(2, 5, 96)
+    with torch.inference_mode():
+        assert torch.equal(layer(long), F.linear(long, w, b))  # exactly the dense weight
+        # a bf16 view 2 bytes into its buffer: the kernel loads 16-byte aligned rows
+        buf = torch.randn(3 * 96 + 1).to(torch.bfloat16)
+        x = buf[1:].view(3, 96)
+        assert x.data_ptr() % 16
+        assert torch.equal(layer(x), layer(x.clone()))
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quantized_kernels_are_row_independent(kind: str) -> None:
+    """What verification steps rely on (engine.model.row_exact): a row's output does not
+    depend on the rows computed with it."""
+    if kind == "int4":
+        q, scale, zero = _random_q4(80, 128)
+        layer = Int4Linear(q, scale, zero, torch.randn(80), dense=torch.randn(80, 128))
+    else:
+        q, scale, _ = _random_int8(80, 128)
+        layer = Int8Linear(q, scale, torch.randn(80), dense=torch.randn(80, 128))
+    x = torch.randn(45, 128)
+    with torch.inference_mode():
+        rows = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
+        assert torch.equal(layer(x, kernel_rows=len(x)), rows)
+        assert not torch.equal(layer(x), rows)  # 45 rows > max_tokens: the dense weight
+
+
+def test_int8_linear_rejects_bad_shapes() -> None:
+    q, scale, _ = _random_int8(32, 64)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        Int8Linear(q[:, :60], scale)
+    with pytest.raises(ValueError, match="bad int8 weight"):
+        Int8Linear(q, scale[:31])
+    with pytest.raises(ValueError, match="dense weight"):
+        Int8Linear(q, scale, dense=torch.zeros(32, 32))
+
+
 # ---- tiny synthetic GGUFs: Q4_1 (llama, permuted q/k) and Q4_0 (qwen2, qkv bias) -----------
 
 
@@ -122,7 +190,7 @@ def test_tiny_gguf_q4_arrays_and_int4_model(tmp_path: Path, arch: str, qtype: in
 
     reference, cfg, _ = _load(out)
     model, _, _ = _load(out)
-    assert load_native_int4(model, out, dense_dtype=None) == 4 * cfg.num_layers
+    assert load_quantized(model, out, dense_dtype=None) == 4 * cfg.num_layers
     attn = model.layers[0].self_attn
     assert isinstance(attn.qkv_proj, Int4Linear) and attn.qkv_proj.dense is None
     assert (attn.qkv_proj.bias is not None) == (arch == "qwen2")  # Qwen2's qkv bias is kept
@@ -134,7 +202,7 @@ def test_tiny_gguf_q4_arrays_and_int4_model(tmp_path: Path, arch: str, qtype: in
     assert (got - want).abs().max().item() < 0.05 * want.abs().max().item()
 
 
-def test_load_native_int4_all_or_nothing(tmp_path: Path) -> None:
+def test_load_quantized_all_or_nothing(tmp_path: Path) -> None:
     from tests.engine.test_gguf import _tiny_model, _write_gguf
 
     src = tmp_path / "tiny.gguf"
@@ -145,25 +213,44 @@ def test_load_native_int4_all_or_nothing(tmp_path: Path) -> None:
 
     q4 = load_file(out / Q4_FILE)
     save_file({k: v for k, v in q4.items() if ".1.mlp.down_proj." not in k}, out / Q4_FILE)
-    assert load_native_int4(model, out) == 0  # one weight without a 4-bit form: no change
+    assert load_quantized(model, out) == 0  # one weight without a 4-bit form: no change
     (out / Q4_FILE).unlink()
-    assert load_native_int4(model, out) == 0  # no file (e.g. an F16 or Q8_0 GGUF)
+    assert load_quantized(model, out) == 0  # no file (e.g. an F16 GGUF)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert not any(isinstance(m, Int4Linear) for m in model.modules())
 
     model.to_empty(device="meta")  # stands in for a CUDA model on a CPU-only machine
     with pytest.raises(ValueError, match="CPU only"):
-        load_native_int4(model, out)
+        load_quantized(model, out)
 
 
-def test_a_q8_0_gguf_has_no_q4_file(tmp_path: Path) -> None:
+def test_a_q8_0_gguf_runs_int8_linears(tmp_path: Path) -> None:
     from tests.engine.test_gguf import _tiny_model, _write_gguf
 
     src = tmp_path / "tiny.gguf"
     _write_gguf(src, "qwen3", _tiny_model("qwen3", tied=True), gguf.GGMLQuantizationType.Q8_0)
     out = gguf_to_checkpoint(src, cache_root=tmp_path / "cache")
     assert (out / "model.safetensors").is_file() and not (out / Q4_FILE).exists()
+    dense, q8 = load_file(out / "model.safetensors"), load_file(out / Q8_FILE)
+    assert {k.rsplit(".", 1)[0] for k in q8} == {  # the linears and the tied head
+        f"model.layers.{i}.{lin}" for i in range(2) for lin in LINEARS
+    } | {"model.embed_tokens"}
+    for base in ("model.layers.1.self_attn.k_proj", "model.embed_tokens"):
+        q, scale = q8[f"{base}.q"], q8[f"{base}.scale"]
+        err = (q.float() * scale[:, None] - dense[f"{base}.weight"]).abs().amax(dim=1)
+        assert (err <= scale / 2).all()
+
+    reference, cfg, _ = _load(out)
+    model, _, _ = _load(out)
+    assert load_quantized(model, out, dense_dtype=None) == 4 * cfg.num_layers
+    quantize_lm_head(model, out)
+    assert isinstance(model.layers[1].mlp.gate_up_proj, Int8Linear)
+    assert torch.equal(model.int8_head.q, q8["model.embed_tokens.q"])
+    ids = [1, 10, 40, 70, 99, 5, 2, 33]
+    engines = [Engine(m, cfg, None, EngineConfig(), name="q8") for m in (reference, model)]
+    want, got = (prompt_logits(e, ids) for e in engines)
+    assert (got - want).abs().max().item() < 0.05 * want.abs().max().item()
 
 
 # ---- the default model (SmolLM2-135M-Instruct, Q4_1) ----------------------------------------
@@ -216,9 +303,9 @@ def test_default_model_int4_logits_and_decode_speed(checkpoint: Path) -> None:
     reference, cfg, source = _load(checkpoint)
     tokenizer = load_tokenizer(source)
     int4, _, _ = _load(checkpoint)
-    assert load_native_int4(int4, checkpoint, dense_dtype=None) == 4 * 30
+    assert load_quantized(int4, checkpoint, dense_dtype=None) == 4 * 30
     hybrid, _, _ = _load(checkpoint)
-    assert load_native_int4(hybrid, checkpoint) == 4 * 30  # dense fp32 kept for prefill
+    assert load_quantized(hybrid, checkpoint) == 4 * 30  # dense fp32 kept for prefill
     engines = {
         name: Engine(m, cfg, tokenizer, EngineConfig(), name=name)
         for name, m in (("fp32", reference), ("int4", int4), ("int4+fp32", hybrid))
