@@ -299,11 +299,11 @@ def open_engine_session(engine, session, output):
     session's snapshot when there is one that fits this engine."""
     import uuid
 
+    if session is None:  # (no store import: the evaluation runs where sqlite-utils is not)
+        return engine.open_session(f"new-{uuid.uuid4().hex}")
     from agentctx import kv_snapshots
     from sessions.store import is_session_id
 
-    if session is None:
-        return engine.open_session(f"new-{uuid.uuid4().hex}")
     if not is_session_id(session.id):  # (imported before ids were checked: no snapshot)
         return engine.open_session(session.id)
     path = kv_snapshots.kv_path(session.id)

@@ -8,7 +8,8 @@ One engine is loaded per model and weights mode and kept for all its questions, 
 repository by repository, so the engine's prefix cache reuses the packed prefix they share.
 
 python -m bench.answer_eval --model PATH_OR_NAME [--model ...] [--weights auto] \
-    [--context-tokens N] [--limit N] [--repo NAME] [--only ID,ID] [--json PATH] [--md PATH]
+    [--context-tokens N] [--limit N] [--repo NAME] [--only ID,ID] [--json PATH] [--md PATH] \
+    [--package-dir NAME=PATH]  # a repository's sources from PATH (checked, version not looked up)
 python -m bench.answer_eval --check      # only check the question set against its packages
 python -m bench.answer_eval --regrade R.json --json R.json --md R.md   # grade stored answers again
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -137,7 +139,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--regrade", metavar="JSON", help="grade a run's stored answers again")
     ap.add_argument("--resume", action="store_true",
                     help="keep the --json file's graded answers and ask only the rest")  # fmt: skip
+    ap.add_argument("--package-dir", action="append", default=[], metavar="NAME=PATH",
+                    help="take repository NAME's package sources from PATH instead of the "
+                    "installed package (no version lookup; the expected lines are still "
+                    "checked); repeatable")  # fmt: skip
     args = ap.parse_args(argv)
+    args.package_dirs = {}
+    for item in args.package_dir:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--package-dir {item!r}: use NAME=PATH")
+        if name in args.package_dirs:
+            ap.error(f"--package-dir {name} is given twice")
+        args.package_dirs[name] = path
     if args.resume and not args.json_path:
         ap.error("--resume needs --json PATH (the results to continue)")
     for name in ("context_tokens", "max_tokens", "limit", "max_steps"):
@@ -185,12 +199,18 @@ def evaluate(args, qs, questions, roots: dict[str, Path], meta: dict) -> list[di
                 continue
             _log(f"loading {model} (weights {weights})...")
             config = engine_config(None, None, None, "off", args.speculate, "timed")
+            start = time.perf_counter()
             engine = Engine.load(model, device=args.device, weights=weights, config=config)
+            load_s = round(time.perf_counter() - start, 1)
+            dtype = str(engine.dtype).removeprefix("torch.")
+            _log(f"loaded {engine.name} in {load_s} s (conversion included if not cached): "
+                 f"weights {engine.weights_mode}, {dtype} on {engine.device}")  # fmt: skip
             if run is None:
                 run = {"model": model, "weights": weights, "records": []}
                 runs.append(run)
             run.update(engine=engine.name, weights_mode=engine.weights_mode, hardware=hardware(),
-                       device=str(engine.device), max_model_len=engine.max_model_len,
+                       device=str(engine.device), dtype=dtype, load_s=load_s,
+                       max_model_len=engine.max_model_len,
                        records=[r for r in run["records"] if "grade" in r],
                        repo_tokens={n: _repo_tokens(engine, indexes[n]) for n in roots})  # fmt: skip
             for i, q in enumerate(todo, 1):
@@ -222,11 +242,18 @@ def _brief(r: dict) -> str:
 
 
 def write_outputs(args, runs: list[dict], meta: dict) -> None:
+    """Both files replaced whole (a run killed while writing leaves the previous ones)."""
     if args.json_path:
         data = {"meta": meta, "runs": runs}
-        Path(args.json_path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        _replace(Path(args.json_path), json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     if args.md_path:
-        Path(args.md_path).write_text(markdown(runs, meta))
+        _replace(Path(args.md_path), markdown(runs, meta))
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,10 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         qs = load(args.questions) if args.questions else load()
         questions = select(qs, args)
         stored = _read_results(args.regrade) if args.regrade else None
+        overrides = args.package_dirs
+        unknown = sorted(set(overrides) - set(qs.repos))
+        if unknown:
+            raise QuestionSetError(f"--package-dir: unknown repository: {', '.join(unknown)}")
         with tempfile.TemporaryDirectory(prefix="answer-eval-") as tmp:
             whole = args.check or stored is not None
             needed = list(qs.repos) if whole else sorted({q.repo for q in questions})
-            roots = {name: build_repo(qs.repos[name], Path(tmp)) for name in needed}
+            roots = {name: build_repo(qs.repos[name], Path(tmp), overrides.get(name))
+                     for name in needed}  # fmt: skip
             check(qs if whole else _subset(qs, questions), roots)
             if args.check:
                 print(f"{len(qs.questions)} questions over {len(roots)} repositories: all "
@@ -250,14 +282,17 @@ def main(argv: list[str] | None = None) -> int:
             if stored is not None:
                 meta, runs = stored["meta"], regrade(stored["runs"], qs, roots)
                 meta["regraded_by"] = command
+                _note_package_dirs(meta, overrides)
             elif args.resume and Path(args.json_path).exists():
                 data = _read_results(args.json_path)
                 meta = {**data["meta"], "_runs": data["runs"]}
                 meta.setdefault("resumed_by", []).append(command)
+                _note_package_dirs(meta, overrides)
                 runs = evaluate(args, qs, questions, roots, meta)
             else:
                 meta = {"command": command, "hardware": hardware(), "questions": len(questions),
                         "repos": {n: qs.repos[n].about for n in needed}}  # fmt: skip
+                _note_package_dirs(meta, overrides)
                 runs = evaluate(args, qs, questions, roots, meta)
     except QuestionSetError as e:
         print(f"answer_eval: error: {e}", file=sys.stderr)
@@ -272,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(args, runs, meta)
     print(markdown(runs, meta), end="")
     return 0
+
+
+def _note_package_dirs(meta: dict, overrides: dict[str, str]) -> None:
+    """Record in the run's meta which repositories' sources came from --package-dir."""
+    if overrides:
+        meta["package_dirs"] = {**meta.get("package_dirs", {}), **overrides}
 
 
 def _read_results(path: str) -> dict:

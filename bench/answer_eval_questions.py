@@ -94,8 +94,20 @@ def load(path: str | os.PathLike[str] = QUESTIONS_PATH) -> QuestionSet:
     return QuestionSet(repos, questions, suffix)
 
 
-def package_dir(spec: RepoSpec) -> Path:
-    """Where the package's sources are, after checking it is the recorded version."""
+def package_dir(spec: RepoSpec, override: str | os.PathLike[str] | None = None) -> Path:
+    """Where the package's sources are, after checking it is the recorded version.
+
+    override: a folder holding the package's sources (its __init__.py at the top), taken
+    instead of the installed package and without the version lookup (a machine whose
+    python or venv has another version); check() still refuses a copy whose expected
+    symbols are not at the recorded lines."""
+    if override is not None:
+        source = Path(override)
+        if not (source / "__init__.py").is_file():
+            raise QuestionSetError(
+                f"{spec.name}: --package-dir {override} is not a package folder (no __init__.py)"
+            )
+        return source
     if spec.kind == "stdlib":
         found = f"{sys.version_info.major}.{sys.version_info.minor}"
     elif spec.kind == "site":
@@ -117,9 +129,12 @@ def package_dir(spec: RepoSpec) -> Path:
     return Path(list(module.submodule_search_locations)[0])
 
 
-def build_repo(spec: RepoSpec, parent: Path) -> Path:
-    """Copy the package into parent/<name>/<package>/ and commit it; returns the root."""
-    source = package_dir(spec)
+def build_repo(
+    spec: RepoSpec, parent: Path, override: str | os.PathLike[str] | None = None
+) -> Path:
+    """Copy the package (or the override's sources, see package_dir) into
+    parent/<name>/<package>/ and commit it; returns the root."""
+    source = package_dir(spec, override)
     root = parent / spec.name
     for path in sorted(source.rglob("*")):
         rel = path.relative_to(source)

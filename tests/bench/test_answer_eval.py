@@ -5,6 +5,7 @@ question through `ask`'s own path with a real model."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,13 @@ import pytest
 
 from bench.answer_eval_questions import (
     QUESTIONS_PATH,
+    QuestionSet,
     QuestionSetError,
+    RepoSpec,
     build_repo,
     check,
     load,
+    package_dir,
 )
 from bench.answer_eval_report import markdown, summarize
 
@@ -71,6 +75,45 @@ def test_a_package_of_another_version_is_refused(tmp_path):
     qs = load(edited_set(tmp_path, bump))
     with pytest.raises(QuestionSetError, match=r"questions are for click 0\.0\.1, this is "):
         build_repo(qs.repos["click"], tmp_path)
+
+
+def test_package_dir_takes_a_copy_whose_lines_are_still_checked(tmp_path):
+    qs = load()
+    good = tmp_path / "good" / "json"
+    shutil.copytree(package_dir(qs.repos["json"]), good, ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    spec = RepoSpec("json", "json", "stdlib", "0.0")  # another version: never looked up
+    json_qs = QuestionSet({"json": spec}, [q for q in qs.questions if q.repo == "json"])
+    root = build_repo(spec, tmp_path / "a", good)
+    check(json_qs, {"json": root})
+    assert (root / "json" / "decoder.py").read_bytes() == (good / "decoder.py").read_bytes()
+    shifted = tmp_path / "shifted" / "json"
+    shutil.copytree(good, shifted)
+    init = shifted / "__init__.py"
+    init.write_text("\n" + init.read_text())  # every line of __init__.py one further down
+    with pytest.raises(QuestionSetError, match=r"json-01: detect_encoding is at json/__init__\.py:245-272, not 244-271"):  # fmt: skip
+        check(json_qs, {"json": build_repo(spec, tmp_path / "b", shifted)})
+    with pytest.raises(QuestionSetError, match="not a package folder"):
+        build_repo(spec, tmp_path / "c", tmp_path)
+    # on the command line: the override is recorded in the run's meta, a wrong copy refused
+    record = {"id": "json-01", "repo": "json", "question": "?", "tool_calls": [], "answer": "",
+              "expected_file": ["full"], "usage": {}, "wall_s": 1.0,
+              "grade": {"correct": False, "file_ok": False, "symbol_ok": False, "pair_ok": False,
+                        "fact_ok": True, "citations": [], "citations_resolved": 0}}  # fmt: skip
+    path = tmp_path / "r.json"
+    run = {"model": "no-such-model", "weights": "auto", "weights_mode": "dense",
+           "records": [record]}  # fmt: skip
+    path.write_text(json.dumps({"meta": {"command": "python -m bench.answer_eval"}, "runs": [run]}))
+    args = ("--model", "no-such-model", "--only", "json-01", "--json", str(path), "--resume")
+    done = run_eval(*args, "--package-dir", f"json={good}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(path.read_text())["meta"]["package_dirs"] == {"json": str(good)}
+    refused = run_eval(*args, "--package-dir", f"json={shifted}")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "not 244-271" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    unknown = run_eval("--check", "--package-dir", f"nope={good}")
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == "answer_eval: error: --package-dir: unknown repository: nope"
+    assert run_eval("--check", "--package-dir", "json").returncode == 2
 
 
 def test_command_line_check_and_errors(tmp_path):
