@@ -2,7 +2,7 @@
 small kernels captured alone, with a device-to-device copy (a memcpy node) every E
 kernels, and with a host-to-device copy from pinned memory every E kernels. A decode graph
 step (no memcpy nodes) ran with ~0.1 us between kernels and a verification graph (35 memcpy
-nodes) with ~0.5 us (runbook 38's traces): this separates the node kinds from the rest.
+nodes) with ~0.5 us (H200 traces): this separates the node kinds from the rest.
 
 python3 -m bench.graph_gaps [--kernels 2800] [--every 80]
 """

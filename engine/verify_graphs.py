@@ -13,9 +13,9 @@ from engine.step_context import StepContext
 # pieces of one verification graph: its capture ends a graph and begins the next between
 # layers, so that the GPU runs the first piece while the host launches the rest (a graph's
 # launch takes the host time in proportion to its kernels: ~2,800 kernels, ~1 ms on the
-# H200's host, bench.spec_verify --trace, runbook 32). The pieces double in size from one
+# H200's host, bench.spec_verify --trace). The pieces double in size from one
 # layer (verify_cuts): the GPU waits only for the first, small one's launch (four equal
-# pieces of 8 layers: 0.3-0.5 ms of host time before the GPU could start, runbooks 36-40)
+# pieces of 8 layers: 0.3-0.5 ms of host time before the GPU could start)
 VERIFY_CHUNKS = 4
 
 

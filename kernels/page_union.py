@@ -8,11 +8,11 @@ attention kernel masks each query to its own pages.
 
 `union_pages_reference` builds it in torch (a bitmap per row, a cumulative sum and two
 scatters: ~25 kernels per layer, which at batch 1 on the H200 cost more than the fetch they
-save: runbook 30's profile, docs/benchmarks.md). The Triton version is two kernels: one
+save: an H200 profile). The Triton version is two kernels: one
 program per (sequence, query, head) sets its query's bit at each of its pages in a scratch
 bitmap (atomic or); one program per (sequence, head) walks the bitmap in page order, writes
 the listed pages, their bits and the count, clears the bitmap for the next call and flags a
-union wider than the fixed width (a CUDA graph's). (Tried, runbook 38: one kernel per
+union wider than the fixed width (a CUDA graph's). (Tried on the H200: one kernel per
 (sequence, head) that sorts the entries no lower query chose, with no walk of the row: 19
 us per layer at 8,196 pages against the walk's 10 us plus the marking's ~3.)
 """

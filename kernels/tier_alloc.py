@@ -31,8 +31,8 @@ Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
    order, from a radix select over chunks of 1,024 slots, one program each: 4 byte-wide
    histogram rounds (`_victims_hist_kernel`, each program deriving the threshold so far from
    the earlier rounds' global histogram), then a count and a write pass. torch.topk of n
-   sorted took ~49 us per layer at 20,481 slots on the H200 (runbook 18); the same select in
-   one program took 102 us (runbook 22: one SM for 20K values). Then `_assign_kernel` (per
+   sorted took ~49 us per layer at 20,481 slots on the H200; the same select in
+   one program took 102 us (one SM for 20K values). Then `_assign_kernel` (per
    entry): the r-th owner takes the r-th victim, evicts its unit, updates both tables,
    writes the fetch list;
 5. the UVA gather (kernels.uva_gather);
@@ -40,9 +40,10 @@ Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
 The torch version of a layer took ~50 kernels; this takes 15.
 
 Status: the kernels match the reference bit for bit in the Triton interpreter and on the
-H200 (tests/kernels/test_tier_alloc.py; `bash bench/gpu_runbook.sh 8`, where the graph and
-tier checks also pass with them in the engine and 128K decode went from 43.9 to 58.2 tok/s),
-so they are the engine's path on GPUs; AGENTCTX_TIER_ALLOC_KERNELS=0 takes the reference.
+H200 (tests/kernels/test_tier_alloc.py; bench.gpu_sparse_check and bench.e2e_sparse, where
+the graph and tier checks also pass with them in the engine and 128K decode went from 43.9
+to 58.2 tok/s), so they are the engine's path on GPUs; AGENTCTX_TIER_ALLOC_KERNELS=0 takes
+the reference.
 """
 
 from __future__ import annotations

@@ -130,8 +130,8 @@ def gather_pages(
     -1 are skipped: a fixed-size list that needs no host round trip). `count` (a device
     integer scalar, optional): no entry from index `count` on is live, so the kernel walks
     only the first `count` (a list compacted on the device: a decode step's 1,312 entries
-    held ~28 live ones, and walking them all took half the gather's 16 us per layer,
-    runbook 40). src [U, 2, P, D] may be pinned host memory (read through UVA) when dst is
+    held ~28 live ones, and walking them all took half the gather's 16 us per layer on
+    the H200). src [U, 2, P, D] may be pinned host memory (read through UVA) when dst is
     on the GPU; indices are int32 on dst's device. `max_programs`: None takes
     GATHER_PROGRAMS (16); `rows`: units per program and round trip (None: as many as make
     16K elements, 4 units of 8 KB). Each program waits for one round trip at a time, so the

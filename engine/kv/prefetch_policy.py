@@ -4,7 +4,7 @@ as measured on this machine, for this context.
 Whether the prefetch pays depends on more than the bytes a step needs from the host: on the
 H200 it made a 128K worst-case step 1.18x faster, a 128K realistic one 0.93x, and at 500K
 both lost (0.88x and 0.70x: its side chain of prediction, selection and staging outgrew
-the layer it hides behind; docs/benchmarks.md, runbook 24). So, while the steps need the
+the layer it hides behind; one H200 run). So, while the steps need the
 host at all (the "auto" policy's moving average of MiB per layer-step above its threshold),
 this policy times both ways: `trial_steps` steps without the prefetch, then as many with
 it (each after `settle_steps` it throws away: the first step of a mode may capture a CUDA

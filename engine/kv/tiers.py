@@ -104,7 +104,7 @@ class SparseConfig:
     prefetch_programs: int | None = None
     # the prefetch's stream at the GPU's highest priority: its chain (prediction, selection,
     # staging) is what the main stream waits for, and beside the main stream's GEMMs its
-    # selection ran at half speed (runbook 18); False: default priority
+    # selection ran at half speed (an H200 profile); False: default priority
     prefetch_high_priority: bool = False
     # "always": prefetch at every step (with a forecast); "auto": only while the steps need
     # many pages from the host: on once the pages a layer fetches per step (on demand or
@@ -279,7 +279,7 @@ class TieredKV:
         # the prefetch reads which units are resident from a copy taken before it forks: the
         # main stream's allocation for the same layer runs beside it and marks the units it
         # is about to fetch resident, which left them unstaged (only 30% of a 500K worst
-        # case's pages were staged, runbook 19); two copies, for consecutive layers
+        # case's pages were staged); two copies, for consecutive layers
         self._resident = (torch.empty(2, units + 1, dtype=torch.int32, device=device)
                           if self._side is not None else None)  # fmt: skip
         # the "auto" prefetch policy: whether the next steps prefetch, what the last steps
@@ -521,7 +521,7 @@ class TieredKV:
             # replace the dropped ones were read at earlier steps: on the real model a k = 4
             # verification fetched 3.8-4.4x a one-token step, about what its 5 queries would
             # as 5 steps (bench.verify_union, docs/verify_union*.json); with those pages
-            # drawn at random, the H200 bench's fetched 11x (runbook 25)
+            # drawn at random, the H200 bench's fetched 11x
             seen = None
             if sp.synthetic_recurring:
                 seen = self._synthetic_prev(layer, B, seen=True)
