@@ -4,6 +4,8 @@ One file per stored session, `<session id>.kv`, in a `kv/` folder beside the ses
 database. Saving one prunes the folder to the disk budget, least recently used first
 (a snapshot is "used" when it is saved or loaded; its mtime records that). The budget comes
 from $AGENTCTX_KV_BUDGET, else "kv_budget" in config.json, else 4 GiB; "0" keeps none.
+Temporary files (`.<name>.<pid>.tmp`, a snapshot being written or imported) count against
+the budget while their writer lives, and are deleted once it is gone.
 """
 
 from __future__ import annotations
@@ -75,17 +77,24 @@ def touch(path: Path) -> None:
 
 def prune(directory: Path, limit: int) -> list[Path]:
     """Delete the least recently used snapshots until the rest fit in `limit` bytes;
-    returns what was deleted (the newest too, if it alone is over the limit)."""
-    files = []
+    returns what was deleted (the newest too, if it alone is over the limit). Temporary
+    files left by a writer that was killed (its pid gone) are deleted first; those of a
+    live writer count against the limit, as the snapshot they become will."""
+    from engine.snapshot_header import remove_stale_temps, temp_files
+
+    removed = remove_stale_temps(directory)
+    files, total = [], 0
     for p in directory.glob("*.kv"):
         try:
             st = p.stat()
         except OSError:
             continue
         files.append((st.st_mtime, p, st.st_size))
+    for p, _ in temp_files(directory):
+        with contextlib.suppress(OSError):
+            total += p.stat().st_size
     files.sort()
-    total = sum(size for _, _, size in files)
-    removed = []
+    total += sum(size for _, _, size in files)
     for _, p, size in files:
         if total <= limit:
             break

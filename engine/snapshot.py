@@ -16,7 +16,8 @@ layout) or damage (truncation, a flipped byte) raises SnapshotError with one cle
 and the taken pages go back to the free list: mismatched KV is never used.
 
 Writing streams the pages out chunk by chunk (no whole copy in memory), into a temporary
-file that replaces the target only when complete.
+file that replaces the target only when complete. The header is read and checked, field by
+field, in engine.snapshot_header, which also removes the temporary files of killed writers.
 """
 
 from __future__ import annotations
@@ -33,12 +34,21 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import EngineError
+from engine.snapshot_header import (
+    FORMAT,
+    LAYOUT_VERSION,
+    SnapshotError,
+    header_crc,
+    open_regular,
+    read_header_from,
+    remove_stale_temps,
+    shown,
+    temp_path,
+)
 
-FORMAT = "agentctx-kv-snapshot"
-LAYOUT_VERSION = "1"
+__all__ = ["SnapshotError", "load_snapshot", "read_header", "save_snapshot"]
+
 CHUNK_BYTES = 64 << 20  # the checksum unit
-_MAX_HEADER = 1 << 20
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 # identity keys a snapshot must match, with what a mismatch means to a user
@@ -53,10 +63,6 @@ _MUST_MATCH = {
     "num_kv_heads": "KV head count",
     "head_dim": "head dim",
 }
-
-
-class SnapshotError(EngineError):
-    """A snapshot that cannot be used here; the message says why, in one line."""
 
 
 # -- identity ------------------------------------------------------------------------------
@@ -130,11 +136,6 @@ def _header(meta: dict[str, str], kv_shape, dtype: str, kv_bytes: int, n_tokens:
     return raw + b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
 
 
-def _header_crc(meta: dict[str, str]) -> str:
-    rest = {k: v for k, v in meta.items() if k != "header_crc32"}
-    return f"{zlib.crc32(json.dumps(rest, sort_keys=True).encode()):08x}"
-
-
 def save_snapshot(engine, path, blocks: list[int], token_ids: list[int]) -> dict:
     """Write pages `blocks` (holding token_ids, whole pages) to `path`. Returns the
     metadata written."""
@@ -158,7 +159,8 @@ def save_snapshot(engine, path, blocks: list[int], token_ids: list[int]) -> dict
     dtype = meta["dtype"]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    remove_stale_temps(path.parent, path.name)  # left by a writer that was killed
+    tmp = temp_path(path)
     crcs = _ChunkCrc(CHUNK_BYTES)
     try:
         with open(tmp, "wb") as f:
@@ -175,7 +177,7 @@ def save_snapshot(engine, path, blocks: list[int], token_ids: list[int]) -> dict
             f.write(tok)
             crcs.update(tok)
             meta["chunk_crc32"] = ",".join(crcs.finish())
-            meta["header_crc32"] = _header_crc(meta)
+            meta["header_crc32"] = header_crc(meta)
             final = _header(meta, shape, dtype, kv_bytes, len(token_ids))
             assert len(final) == len(header)
             f.seek(8)
@@ -219,26 +221,9 @@ class _ChunkCrc:
 def read_header(path) -> tuple[dict, int]:
     """The parsed header and the data's offset; SnapshotError for anything malformed."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise SnapshotError(f"{path.name} is truncated (no header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(_MAX_HEADER, size - 8):
-                raise SnapshotError(f"{path.name} is truncated or not a KV snapshot")
-            header = json.loads(f.read(n))
-    except FileNotFoundError:
-        raise SnapshotError(f"no snapshot at {path}") from None
-    except (OSError, ValueError) as e:
-        raise SnapshotError(f"{path.name} is not a readable KV snapshot ({e})") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise SnapshotError(f"{path.name} is not an agentctx KV snapshot")
-    if meta.get("header_crc32") != _header_crc(meta):
-        raise SnapshotError(f"{path.name} is corrupted (header checksum mismatch)")
-    return header, 8 + n
+    with open_regular(path) as f:
+        header = read_header_from(f, path.name)
+    return header.raw, header.offset
 
 
 def check_identity(meta: dict, engine, name: str = "snapshot") -> None:
@@ -247,61 +232,58 @@ def check_identity(meta: dict, engine, name: str = "snapshot") -> None:
         if meta.get(key) != mine[key]:
             if key == "weights_hash":
                 raise SnapshotError(
-                    f"{name} was made with other model weights ({meta.get('model')}), "
+                    f"{name} was made with other model weights ({shown(meta.get('model'))}), "
                     f"not those of {mine['model']}"
                 )
             raise SnapshotError(
-                f"{name} does not match this engine: {what} {meta.get(key)} here is {mine[key]}"
+                f"{name} does not match this engine: {what} {shown(meta.get(key))} here is "
+                f"{mine[key]}"
             )
 
 
 def load_snapshot(engine, path) -> tuple[list[int], list[bytes], list[int]]:
     """Restore a snapshot into fresh pages, pinned for the caller: returns (pages, chain
-    hashes, token ids). SnapshotError if it does not match or is damaged."""
+    hashes, token ids). SnapshotError if it does not match or is damaged. The file is
+    opened once (a regular file only) and mapped from that descriptor."""
     path = Path(path)
-    header, offset = read_header(path)
-    meta = header["__metadata__"]
-    check_identity(meta, engine, path.name)
-    pool = engine.runner.kv.pool
-    try:
-        kv_spec, tok_spec = header["kv"], header["token_ids"]
-        n_tokens, P = int(meta["num_tokens"]), engine.config.page_size
-        n_pages = n_tokens // P
+    remove_stale_temps(path.parent, path.name)  # left by a writer that was killed
+    with open_regular(path) as f:
+        header = read_header_from(f, path.name)
+        check_identity(header.meta, engine, path.name)
+        pool = engine.runner.kv.pool
+        P = engine.config.page_size
+        n_pages = header.num_tokens // P
         shape = (n_pages, pool.shape[0], *pool.shape[2:])
-        kv_end, tok_end = kv_spec["data_offsets"][1], tok_spec["data_offsets"][1]
-        crcs = meta["chunk_crc32"].split(",") if meta["chunk_crc32"] else []
-        chunk = int(meta["chunk_bytes"])
-        ok_shape = tuple(kv_spec["shape"]) == shape and tok_spec["shape"] == [n_tokens]
-    except (KeyError, ValueError, TypeError, IndexError):
-        raise SnapshotError(f"{path.name} has a malformed header") from None
-    page_bytes = pool[:, 0].numel() * pool.element_size()
-    if (
-        not ok_shape
-        or n_tokens % P
-        or kv_end != n_pages * page_bytes
-        or tok_end != kv_end + 8 * n_tokens
-    ):
-        raise SnapshotError(f"{path.name} has a malformed header (shapes do not agree)")
-    if path.stat().st_size != offset + tok_end:
-        raise SnapshotError(
-            f"{path.name} is truncated or padded: {path.stat().st_size} bytes, "
-            f"{offset + tok_end} expected"
-        )
-    if len(crcs) != -(-tok_end // chunk):
-        raise SnapshotError(f"{path.name} has a malformed header (checksum count)")
-    bm = engine.block_manager
-    if n_pages > bm.num_free_blocks:
-        raise SnapshotError(
-            f"{path.name} needs {n_pages} free KV pages, the cache has {bm.num_free_blocks}"
-        )
-    with open(path, "rb") as f:
-        # a private (copy-on-write) map: writable for torch.frombuffer, never written
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        page_bytes = pool[:, 0].numel() * pool.element_size()
+        if (
+            header.kv_shape != shape
+            or header.num_tokens % P
+            or header.kv_end != n_pages * page_bytes
+        ):
+            raise SnapshotError(f"{path.name} has a malformed header (shapes do not agree)")
+        size = os.fstat(f.fileno()).st_size
+        if size != header.offset + header.tok_end:
+            raise SnapshotError(
+                f"{path.name} is truncated or padded: {size} bytes, "
+                f"{header.offset + header.tok_end} expected"
+            )
+        bm = engine.block_manager
+        if n_pages > bm.num_free_blocks:
+            raise SnapshotError(
+                f"{path.name} needs {n_pages} free KV pages, the cache has {bm.num_free_blocks}"
+            )
+        try:  # a private (copy-on-write) map: writable for torch.frombuffer, never written
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as e:
+            raise SnapshotError(f"cannot map {path.name}: {e}") from None
+    h = header
     try:
         with engine._lock:
             blocks = bm.take(n_pages)
             try:
-                tokens = _copy_in(mm, offset, tok_end, chunk, crcs, shape, pool, blocks, path)
+                tokens = _copy_in(
+                    mm, h.offset, h.tok_end, h.chunk_bytes, h.chunk_crcs, shape, pool, blocks, path
+                )
             except BaseException:
                 bm.release(blocks)
                 raise
