@@ -177,6 +177,8 @@ def check_calls(
             example = format_call("read_file", {"path": "src/app.py"}, fmt)
             if "write a call as" not in call.error:
                 call.error = f"{call.error}; write a call as {example}"
+        elif call.error is None and call.name not in offered and _repair(call, offered):
+            pass  # runs as the tool whose arguments it gave
         elif call.error is None and call.name not in offered:
             error = unknown_tool_error(call.name, offered)
             hint = search_hint(call.name, offered, fmt, root, read_paths(list(earlier)))
@@ -195,6 +197,27 @@ def check_calls(
                     first = before.error.split("\n\n")[0]
                     call.error, call.looping = REPEATED_ERROR.format(error=first), True
         earlier = [*earlier, call]
+
+
+# Where a call's name is no tool but its arguments fit one, the most useful tool that takes
+# them runs: the 0.5B and the 1.5B write {"name": "UsageError", "arguments": {"path":
+# "click/core.py:3825"}} (the symbol they want as the name, read_file's arguments).
+REPAIR_ORDER = ("read_file", "grep", "outline", "git_blame", "git_log", "git_show", "git_diff",
+                "list_files", "read_chapter", "read_lines", "search_book", "chapters")  # fmt: skip
+
+
+def _repair(call: ToolCallRecord, offered: tuple[str, ...]) -> bool:
+    """Rename a call of an unknown tool to the first offered tool (REPAIR_ORDER) whose schema
+    takes its arguments; no arguments, or arguments no tool takes, are not repaired."""
+    from tools.registry import argument_error
+
+    if not call.arguments:
+        return False
+    for name in REPAIR_ORDER:
+        if name in offered and argument_error(name, call.arguments) is None:
+            call.repaired_from, call.name = call.name, name
+            return True
+    return False
 
 
 READ_ALREADY = "You have read its code: answer from it now, without tools"
@@ -252,7 +275,13 @@ def call_counts(calls: list[ToolCallRecord]) -> dict[str, int]:
         "tool_calls_parsed": sum(c.problem != UNPARSED for c in calls),
         "tool_calls_succeeded": sum(c.error is None and c.result is not None for c in calls),
         "tool_calls_malformed": sum(c.problem is not None for c in calls),
-    }
+    } | _repaired_count(calls)
+
+
+def _repaired_count(calls: list[ToolCallRecord]) -> dict[str, int]:
+    """{"tool_calls_repaired": n} where n calls ran as another tool (_repair), else {}."""
+    repaired = sum(c.repaired_from is not None for c in calls)
+    return {"tool_calls_repaired": repaired} if repaired else {}
 
 
 def with_tool_prompt(messages: list[dict], kind: str, fmt: str | None) -> list[dict]:

@@ -88,6 +88,11 @@ class TextOutput:
                     f"; tool calls: {usage['tool_calls']} made, {usage['tool_calls_parsed']} "
                     f"parsed, {usage['tool_calls_succeeded']} succeeded, "
                     f"{usage['tool_calls_malformed']} malformed"
+                    + (
+                        f", {n} run as the tool their arguments fit"
+                        if (n := usage.get("tool_calls_repaired"))
+                        else ""
+                    )  # fmt: skip
                     if "tool_calls_parsed" in usage
                     else ""
                 )

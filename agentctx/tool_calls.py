@@ -59,6 +59,7 @@ class ToolCallRecord:
     error: str | None = None  # the call could not be parsed or the tool refused it
     problem: str | None = None  # UNPARSED, UNKNOWN_TOOL or BAD_ARGUMENTS: a malformed call
     looping: bool = False  # the model asks again for what it has (agentctx.agent.check_calls)
+    repaired_from: str | None = None  # the name written, where another tool's arguments ran
 
     @property
     def output(self) -> str:
@@ -69,7 +70,8 @@ class ToolCallRecord:
 
     def label(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
-        return f"{self.name}({args})"
+        written = f" (written as {self.repaired_from})" if self.repaired_from else ""
+        return f"{self.name}({args}){written}"
 
 
 @dataclass

@@ -515,3 +515,23 @@ def test_a_turn_without_answer_text_says_so_on_stderr():
         text.end(usage)
         line = "no answer: the model stopped without writing one (after 2 tool calls)"
         assert (line in err.getvalue()) == said, (written, err.getvalue())
+
+
+def test_a_symbol_written_as_the_tool_name_runs_as_the_tool_its_arguments_fit(tokenizer_path, repo):
+    """The 0.5B and 1.5B write the symbol they want as the name, with read_file's or grep's
+    arguments: the call runs as that tool, is counted as repaired, and the label says so."""
+    engine = scripted(tokenizer_path, [
+        call("add", path="calc.py", start=1, end=2) + call("subtract", pattern="def add"),
+        "add returns a + b.",
+    ])  # fmt: skip
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    read, found = result.steps[0].calls
+    assert (read.name, read.repaired_from, read.error) == ("read_file", "add", None)
+    assert "return a + b" in read.result and read.label().endswith("(written as add)")
+    assert (found.name, found.repaired_from) == ("grep", "subtract") and "calc.py:1" in found.result
+    assert result.usage["tool_calls_succeeded"] == 2 and result.usage["tool_calls_repaired"] == 2
+    assert result.usage["tool_calls_malformed"] == 0
+    err = io.StringIO()
+    TextOutput(io.StringIO(), err).end({**result.usage, "cached_tokens": 0, "ttft_s": 0.1,
+                                        "prefill_tok_s": 1.0, "decode_tok_s": 1.0})  # fmt: skip
+    assert "0 malformed, 2 run as the tool their arguments fit" in err.getvalue()
