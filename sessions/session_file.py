@@ -1,8 +1,11 @@
 """Export and import one whole session as a JSON Lines file.
 
-Line 1 is a header, {"format": "agentctx-session", "version": 1, "exported": ...}; then one
-record per line: the session, its messages, tool calls and manifests. Records refer to
-messages by seq, not by database id, so a file moves between stores unchanged.
+Line 1 is a header, {"format": "agentctx-session", "version": 2, "exported": ..., "counts":
+{"messages": M, "tool_calls": T, "manifests": F, "kv_parts": K}}; then one record per line:
+the session, its messages, tool calls and manifests, and the KV snapshot's parts. Records
+refer to messages by seq, not by database id, so a file moves between stores unchanged.
+A file that does not hold what its header counts is refused (a copy cut short at a line
+boundary parses); version 1 files, written before counts, still import.
 
 Import checks the whole file before writing anything, then writes in one transaction.
 It keeps the session's id; if a session with that id (or name) already exists, the import
@@ -14,7 +17,8 @@ hex digits; it names the KV file), a name the store would not accept from a user
 name that clashes with any existing session's id or name, a timestamp not written the way
 the store writes them, a string that is not valid UTF-8 (a lone surrogate escape), an
 integer field outside SQLite's 64 bits, NaN or Infinity, JSON nested more than
-MAX_NESTING deep, and a line over MAX_LINE_CHARS characters.
+MAX_NESTING deep, and a line over MAX_LINE_CHARS characters (sessions.session_records
+checks each record).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import math
 import os
 import stat
 import tempfile
@@ -30,82 +33,29 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from sessions.errors import SessionError, SessionFileError, StoreError
-from sessions.models import ROLES, ROOT_KINDS, STATUSES, Session
-from sessions.store import SessionStore, _check_name, is_session_id, is_timestamp, to_json, utc_now
+from sessions.errors import SessionFileError, StoreError
+from sessions.models import Session
+from sessions.session_records import (
+    FIELDS,
+    FORMAT,
+    VERSION,
+    check_counts,
+    check_header,
+    check_record,
+    finite,
+    kv_part_data,
+    parse_line,
+    short,
+)
+from sessions.store import SessionStore, to_json, utc_now
 
-FORMAT = "agentctx-session"
-VERSION = 1
-
-_NONE = type(None)
-_STR, _OPT_STR = (str,), (str, _NONE)
-_INT, _OPT_INT = (int,), (int, _NONE)
-_DICT, _OPT_DICT, _LIST = (dict,), (dict, _NONE), (list,)
-
-# Per record type: field -> allowed JSON types. Every field is required except OPTIONAL.
-FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "session": {
-        "id": _STR,
-        "name": _OPT_STR,
-        "title": _OPT_STR,
-        "root": _OPT_STR,
-        "root_kind": _STR,
-        "model": _STR,
-        "created": _STR,
-        "updated": _STR,
-    },
-    "message": {
-        "seq": _INT,
-        "role": _STR,
-        "content": _STR,
-        "tokens": _OPT_INT,
-        "status": _STR,
-        "created": _STR,
-        "timings": _OPT_DICT,
-    },
-    "tool_call": {
-        "message_seq": _OPT_INT,
-        "name": _STR,
-        "arguments": _DICT,
-        "result": _OPT_STR,
-        "error": _OPT_STR,
-        "created": _STR,
-    },
-    "kv_snapshot": {"part": _INT, "parts": _INT, "size": _INT, "data": _STR},
-    "manifest": {
-        "message_seq": _OPT_INT,
-        "commit_sha": _OPT_STR,
-        "files": _LIST,
-        "omitted": _LIST,
-        "tokens": _INT,
-        "created": _STR,
-    },
-}
-OPTIONAL = {("session", "title")}
-
-# Fields that hold a time, written by the store as utc_now() does.
-TIMESTAMPS = {"created", "updated"}
-
-# SQLite integers are signed 64-bit.
-INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+__all__ = ["export_session", "finite", "import_session", "open_session_file", "read_session_file"]
 
 # The longest line read, in characters (newline included). Export writes the KV snapshot
 # in parts of KV_PART_BYTES (4 MiB of base64 a line) and every other record is one turn,
 # tool call or manifest, so no real line comes near this; it keeps a file with no line
 # ends (or an endless stream) from taking all memory.
 MAX_LINE_CHARS = 256 << 20
-
-# The deepest nesting of lists and objects inside a field (tool arguments, timings, the
-# manifest's files): far deeper than real data, shallow enough that reading the stored JSON
-# back can never hit Python's recursion limit.
-MAX_NESTING = 100
-
-# Values that must be one of a fixed set, checked before the database's CHECK would fail.
-CHOICES = {
-    ("session", "root_kind"): ROOT_KINDS,
-    ("message", "role"): ROLES,
-    ("message", "status"): STATUSES,
-}
 
 
 @dataclass
@@ -125,12 +75,13 @@ KV_PART_BYTES = 3 << 20  # raw bytes of KV snapshot per record (4 MiB of base64)
 
 def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> Session:
     """Write the session; with `kv_path`, its KV snapshot file follows as base64
-    `kv_snapshot` records (the file's bytes unchanged; the engine checks them on load)."""
+    `kv_snapshot` records (the file's bytes unchanged; the engine checks them on load).
+    The header counts the records written, the KV snapshot's parts included."""
     session = store.get(ref)
     messages = store.messages(session.id)
     seq_of = {m.id: m.seq for m in messages}
+    header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "exported": utc_now()}
     records: list[dict[str, Any]] = [
-        {"format": FORMAT, "version": VERSION, "exported": utc_now()},
         {
             "type": "session",
             "id": session.id,
@@ -180,18 +131,23 @@ def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> 
                 "created": f.created,
             }
         )
-    for record in records:
-        # (NaN and inf, which a store of an older version may hold, become null: JSON has
-        # neither, and an import refuses them)
-        fp.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
-    if kv_path is not None:
-        size = os.path.getsize(kv_path)
-        parts = max(1, -(-size // KV_PART_BYTES))
-        with open(kv_path, "rb") as kv:
-            for part in range(parts):
-                data = base64.b64encode(kv.read(KV_PART_BYTES)).decode("ascii")
-                record = {"type": "kv_snapshot", "part": part, "parts": parts, "size": size}
-                fp.write(json.dumps({**record, "data": data}) + "\n")
+    with contextlib.ExitStack() as stack:
+        # opened before the header is written: its size there is the size of what is read
+        kv = None if kv_path is None else stack.enter_context(open(kv_path, "rb"))
+        size = 0 if kv is None else os.fstat(kv.fileno()).st_size
+        parts = 0 if kv is None else max(1, -(-size // KV_PART_BYTES))
+        kinds = [r["type"] for r in records]
+        header["counts"] = {"messages": kinds.count("message"),
+                            "tool_calls": kinds.count("tool_call"),
+                            "manifests": kinds.count("manifest"), "kv_parts": parts}  # fmt: skip
+        for record in [header, *records]:
+            # (NaN and inf, which a store of an older version may hold, become null: JSON
+            # has neither, and an import refuses them)
+            fp.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
+        for part in range(parts):
+            data = base64.b64encode(kv.read(KV_PART_BYTES)).decode("ascii")
+            record = {"type": "kv_snapshot", "part": part, "parts": parts, "size": size}
+            fp.write(json.dumps({**record, "data": data}) + "\n")
     return session
 
 
@@ -205,18 +161,19 @@ def read_session_file(
     parsed: SessionFile | None = None
     seqs: set[int] = set()
     header_seen = False
+    stated: dict[str, int] | None = None
     for number, line in _numbered_lines(lines):
         if not line.strip():
             continue
-        obj = _parse(line, number)
+        obj = parse_line(line, number)
         if not header_seen:
-            _check_header(obj, number)
+            stated = check_header(obj, number)
             header_seen = True
             continue
         kind = obj.get("type")
         if not isinstance(kind, str) or kind not in FIELDS:
-            raise SessionFileError(f"unknown record type {_short(kind)}", number)
-        record = _check_record(kind, obj, number)
+            raise SessionFileError(f"unknown record type {short(kind)}", number)
+        record = check_record(kind, obj, number)
         if kind == "session":
             if parsed is not None:
                 raise SessionFileError("a second session record", number)
@@ -225,21 +182,13 @@ def read_session_file(
         if parsed is None:
             raise SessionFileError(f"{kind} record before the session record", number)
         if kind == "kv_snapshot":
-            part, parts, size = record["part"], record["parts"], record["size"]
-            if part != kv_parts or (kv_parts and (size != kv_size or parts != parsed.kv_parts)):
-                raise SessionFileError(f"kv_snapshot part {part} is out of order", number)
-            if parts < 1 or part >= parts or size < 0:
-                raise SessionFileError(
-                    f"kv_snapshot part {part} of {parts} ({size} bytes) is impossible", number
-                )
-            try:
-                data = base64.b64decode(record["data"], validate=True)
-            except ValueError:  # binascii.Error, or a character that is not ASCII
-                raise SessionFileError("kv_snapshot data is not base64", number) from None
-            kv_parts, kv_size, kv_written = kv_parts + 1, size, kv_written + len(data)
+            data = kv_part_data(record, kv_parts, kv_size, parsed.kv_parts, number)
+            kv_parts, kv_size, kv_written = kv_parts + 1, record["size"], kv_written + len(data)
             if kv_written > kv_size:
-                raise SessionFileError(f"the KV snapshot is longer than its {size} bytes", number)
-            parsed.kv_parts = parts
+                raise SessionFileError(
+                    f"the KV snapshot is longer than its {kv_size} bytes", number
+                )
+            parsed.kv_parts = record["parts"]
             if kv_sink is not None:
                 try:
                     kv_sink.write(data)
@@ -262,6 +211,9 @@ def read_session_file(
         raise SessionFileError("no session record")
     if kv_parts and (kv_parts != parsed.kv_parts or kv_written != kv_size):
         raise SessionFileError(f"the KV snapshot is incomplete ({kv_written} of {kv_size} bytes)")
+    held = dict(messages=len(parsed.messages), tool_calls=len(parsed.tool_calls),
+                manifests=len(parsed.manifests), kv_parts=kv_parts)  # fmt: skip
+    check_counts(stated, held)
     parsed.has_kv = kv_parts > 0
     return parsed
 
@@ -308,8 +260,10 @@ def import_session(
     kv_dir = os.fspath(kv_dir)
     try:
         os.makedirs(kv_dir, exist_ok=True)
-        # Not *.kv, so the snapshot pruner never counts or removes it.
-        fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=".kv.tmp", dir=kv_dir)
+        # A temporary name of the snapshot writer's form, .<name>.<pid>.tmp, so that one
+        # left by a killed import is removed once its pid is gone (engine.snapshot_header)
+        # and is never counted or removed as a snapshot (*.kv) by the pruner.
+        fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=f".kv.{os.getpid()}.tmp", dir=kv_dir)
     except OSError as e:
         raise StoreError(f"cannot write the KV snapshot in {kv_dir}: {_os_reason(e)}") from None
     try:
@@ -441,129 +395,5 @@ def _too_long(number: int) -> SessionFileError:
     )
 
 
-def _parse(line: str, number: int) -> dict[str, Any]:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SessionFileError(f"not valid JSON ({e.msg})", number) from None
-    except RecursionError:
-        raise SessionFileError("JSON nested too deeply", number) from None
-    except ValueError as e:  # such as an integer of more than 4300 digits
-        raise SessionFileError(f"not valid JSON ({_short(str(e))})", number) from None
-    if not isinstance(obj, dict):
-        raise SessionFileError("expected a JSON object", number)
-    return obj
-
-
 def _os_reason(e: OSError) -> str:
     return e.strerror or str(e)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """repr() of a value from the file, cut short and on one line."""
-    text = ascii(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _check_header(obj: dict[str, Any], number: int) -> None:
-    if obj.get("format") != FORMAT:
-        raise SessionFileError(
-            f"not an {FORMAT} file (format is {_short(obj.get('format'))})", number
-        )
-    if "version" not in obj:
-        raise SessionFileError("header has no version", number)
-    if obj["version"] != VERSION or isinstance(obj["version"], bool):
-        raise SessionFileError(
-            f"unsupported version {_short(obj['version'])} (this agentctx reads version {VERSION})",
-            number,
-        )
-
-
-def _check_record(kind: str, obj: dict[str, Any], number: int) -> dict[str, Any]:
-    record: dict[str, Any] = {}
-    for name, types in FIELDS[kind].items():
-        if name not in obj:
-            if (kind, name) in OPTIONAL:
-                continue
-            raise SessionFileError(f"{kind} record is missing {name!r}", number)
-        value = obj[name]
-        # bool is an int to Python, never to us.
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise SessionFileError(f"{kind} field {name!r} has the wrong type", number)
-        if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
-            raise SessionFileError(f"{kind} field {name!r} is out of range", number)
-        if not (kind == "kv_snapshot" and name == "data"):  # checked as base64
-            _check_value(value, f"{kind} field {name!r}", number)
-        choices = CHOICES.get((kind, name))
-        if choices is not None and value not in choices:
-            raise SessionFileError(
-                f"{kind} field {name!r} is {_short(value)}, not one of {choices}", number
-            )
-        if name in TIMESTAMPS and not is_timestamp(value):
-            raise SessionFileError(
-                f"{kind} field {name!r} is {_short(value)}, not a time such as {utc_now()!r}",
-                number,
-            )
-        record[name] = value
-    if kind == "session":
-        _check_session(record, number)
-    return record
-
-
-def _check_session(record: dict[str, Any], number: int) -> None:
-    """The id names the KV snapshot file, so it must be exactly of the store's own form;
-    the name must be one the store would accept from a user."""
-    if not is_session_id(record["id"]):
-        raise SessionFileError(
-            f"session id {_short(record['id'])} is not a session id (s- and 6 hex digits)",
-            number,
-        )
-    if record["name"] is not None:
-        name = record["name"]
-        try:
-            _check_name(name)
-        except SessionError as e:  # its message quotes the name: keep that short
-            raise SessionFileError(str(e).replace(repr(name), _short(name)), number) from None
-
-
-def _check_value(value: Any, what: str, number: int) -> None:
-    """Every string valid UTF-8 (JSON can spell a lone surrogate, SQLite cannot store
-    one), every number finite (NaN and Infinity are not JSON), nesting at most
-    MAX_NESTING. Iterative, so depth costs no stack."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            _check_text(item, what, number)
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise SessionFileError(f"{what} holds {item} (not a finite number)", number)
-        elif isinstance(item, (dict, list)):
-            if depth >= MAX_NESTING:
-                raise SessionFileError(f"{what} is nested more than {MAX_NESTING} deep", number)
-            if isinstance(item, dict):
-                for key, child in item.items():
-                    _check_text(key, what, number)
-                    stack.append((child, depth + 1))
-            else:
-                stack.extend((child, depth + 1) for child in item)
-
-
-def _check_text(text: str, what: str, number: int) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise SessionFileError(
-            f"{what} is not valid UTF-8 text (it has a lone surrogate)", number
-        ) from None
-
-
-def finite(value):
-    """`value` with every float that is not finite replaced by None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value

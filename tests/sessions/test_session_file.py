@@ -56,8 +56,9 @@ def test_round_trip(tmp_path):
         session_id = _build(a)
         first = _export(a, "war-and-peace")
     header = json.loads(first.splitlines()[0])
-    assert header["format"] == "agentctx-session" and header["version"] == 1
+    assert header["format"] == "agentctx-session" and header["version"] == 2
     assert "exported" in header
+    assert header["counts"] == {"messages": 4, "tool_calls": 2, "manifests": 1, "kv_parts": 0}
     types = [r["type"] for r in _records(first)]
     assert types == ["session"] + ["message"] * 4 + ["tool_call"] * 2 + ["manifest"]
     assert "Пьер" in first  # written as UTF-8, not \u escapes
@@ -108,7 +109,8 @@ def _edit(line: str, **changes) -> str:
 
 
 BAD = {
-    "bad version": (lambda ls: [_edit(ls[0], version=2), *ls[1:]], 1, "version"),
+    "bad version": (lambda ls: [_edit(ls[0], version=3), *ls[1:]], 1, "version"),
+    "float version": (lambda ls: [_edit(ls[0], version=2.0), *ls[1:]], 1, "version 2.0"),
     "no version": (lambda ls: [_edit(ls[0], version=...), *ls[1:]], 1, "version"),
     "wrong format": (lambda ls: [_edit(ls[0], format="other"), *ls[1:]], 1, "format"),
     "bad json": (lambda ls: [*ls[:3], ls[3][:-5], *ls[4:]], 4, "JSON"),
