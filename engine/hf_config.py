@@ -99,35 +99,86 @@ def config_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         )
     fam = FAMILIES[arch]
     _refuse_foreign(cfg, arch)
-    try:
-        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        layers = cfg["num_hidden_layers"]
-        max_pos = cfg.get("max_position_embeddings") or fam.max_position_embeddings
-        eos = cfg.get("eos_token_id")
-        theta, scaling = _rope(cfg, arch, max_pos)
-        return dict(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or fam.head_dim or hidden // heads,
-            max_position_embeddings=max_pos,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            sliding_window=_sliding_window(cfg, arch, fam, layers),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-            hidden_act=_activation(cfg, arch),
-            qk_norm=fam.qk_norm,
-            **_biases(cfg, arch, fam),
+    dims = _dimensions(cfg, arch, fam)
+    max_pos = dims.pop("max_position_embeddings")
+    theta, scaling = _rope(cfg, arch, max_pos)
+    return dict(
+        architecture=arch,
+        **dims,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=_number(cfg, "rms_norm_eps", arch, 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        sliding_window=_sliding_window(cfg, arch, fam, dims["num_layers"]),
+        bos_token_id=next(iter(_token_ids(cfg, "bos_token_id", arch)), None),
+        eos_token_ids=_token_ids(cfg, "eos_token_id", arch),
+        hidden_act=_activation(cfg, arch),
+        qk_norm=fam.qk_norm,
+        **_biases(cfg, arch, fam),
+    )
+
+
+# the largest size of any one dimension: far above any real model's (vocabularies reach
+# 256K, hidden sizes 16K), low enough that a typo cannot ask for a petabyte
+MAX_DIMENSION = 1 << 24
+
+
+def _dimensions(cfg: dict[str, Any], arch: str, fam: Family) -> dict[str, int]:
+    """The model's sizes, each a whole number from 1 to MAX_DIMENSION: a 0 (or a string)
+    would divide by zero, or fail deep in torch, instead of naming the field."""
+
+    def size(key: str, default: int | None = None) -> int:
+        value = cfg.get(key)
+        if value is None:
+            if default is None:
+                raise ModelLoadError(f"model config is missing {key!r}")
+            return default
+        if type(value) is not int or not 1 <= value <= MAX_DIMENSION:
+            raise ModelLoadError(
+                f"{arch}: {key} is {_shown(value)}, not a whole number from 1 to {MAX_DIMENSION}"
+            )
+        return value
+
+    hidden, heads = size("hidden_size"), size("num_attention_heads")
+    if cfg.get("head_dim") is None and not fam.head_dim and hidden < heads:
+        raise ModelLoadError(
+            f"{arch}: hidden_size {hidden} is less than num_attention_heads {heads}"
         )
-    except KeyError as e:
-        raise ModelLoadError(f"model config is missing {e.args[0]!r}") from None
+    return dict(
+        vocab_size=size("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=size("intermediate_size"),
+        num_layers=size("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=size("num_key_value_heads", heads),
+        head_dim=size("head_dim", fam.head_dim or hidden // heads),
+        max_position_embeddings=size("max_position_embeddings", fam.max_position_embeddings),
+    )
+
+
+def _number(cfg: dict[str, Any], key: str, arch: str, default: float) -> float:
+    """A positive finite number (JSON's true is no number to us)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if type(value) not in (int, float) or not 0 < value < float("inf"):
+        raise ModelLoadError(f"{arch}: {key} is {_shown(value)}, not a positive number")
+    return float(value)
+
+
+def _token_ids(cfg: dict[str, Any], key: str, arch: str) -> list[int]:
+    value = cfg.get(key)
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(type(i) is int and i >= 0 for i in ids):
+        raise ModelLoadError(f"{arch}: {key} is {_shown(value)}, not a token id or a list of them")
+    return ids
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """repr() of a value from the config, cut short (one line: repr escapes newlines)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _set(value: Any) -> bool:
@@ -233,7 +284,8 @@ def _rope(cfg: dict[str, Any], arch: str, max_pos: int) -> tuple[float, dict[str
     if nested:
         raise refuse(arch, f"{field} per layer type ({', '.join(nested)})")
     scaling = {k: v for k, v in scaling.items() if v is not None}
-    theta = float(scaling.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
+    theta = scaling.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    theta = _number({"rope_theta": theta}, "rope_theta", arch, 10000.0)
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     partial = scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor")
@@ -249,6 +301,9 @@ def _rope(cfg: dict[str, Any], arch: str, max_pos: int) -> tuple[float, dict[str
     for key in ROPE_REQUIRED[rope_type]:
         if key not in scaling:
             raise ModelLoadError(f"{arch}: {field} of rope_type {rope_type!r} lacks {key!r}")
+    for key, value in scaling.items():
+        if key != "truncate" and (type(value) not in (int, float) or value != value):
+            raise ModelLoadError(f"{arch}: {field} {key} is {_shown(value)}, not a number")
     if rope_type == "default":
         return theta, None
     if rope_type in ("llama3", "yarn"):

@@ -167,7 +167,14 @@ def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> C
     """Allocate the model on `device` without running any weight initialisation."""
     with torch.device("meta"):
         model = CausalLM(cfg)
-    return model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    try:
+        return model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    except (RuntimeError, MemoryError) as e:  # such as a config's typo of a vocabulary
+        gb = cfg.num_params * torch.finfo(dtype).bits / 8e9
+        raise ModelLoadError(
+            f"cannot allocate the model's {gb:,.1f} GB of weights on {device}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
 
 
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
