@@ -89,10 +89,23 @@ def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget:
     if sparse_cfg is not None:
         sparse_cfg.forecast = forecast
         sparse_cfg.prefetch_policy = prefetch  # "timed": engine.kv.prefetch_policy
-    try:
-        if gpu_kv_budget is not None:
-            sparse_cfg.gpu_kv_budget = parse_size(gpu_kv_budget)
-        host = parse_size(host_kv_budget) if host_kv_budget is not None else None
-    except BudgetError as e:
-        raise click.BadParameter(str(e)) from None
+    if gpu_kv_budget is not None:
+        sparse_cfg.gpu_kv_budget = _budget(gpu_kv_budget, "--gpu-kv-budget")
+    host = _budget(host_kv_budget, "--host-kv-budget") if host_kv_budget is not None else None
     return EngineConfig(sparse=sparse_cfg, kv_cache_memory=host, speculate=spec)
+
+
+def _budget(text: str, option: str) -> int:
+    """Bytes of a KV budget: a size of at least one byte (0 would hold no KV; left out, the
+    budget is sized for the window)."""
+    try:
+        size = parse_size(text)
+    except BudgetError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+    if size == 0:
+        raise click.BadParameter(
+            f"{text!r} holds no KV; give a size such as 8GiB, or leave it out to size it "
+            "from the window",
+            param_hint=option,
+        )
+    return size

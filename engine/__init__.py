@@ -1,15 +1,19 @@
 """agentctx's embedded inference engine. Imports torch, transformers and safetensors only."""
 
-from engine.config import EngineConfig, ModelConfig
-from engine.errors import (
+from engine.paths import keep_compiler_caches_inside
+
+keep_compiler_caches_inside()  # nothing in the system temp folder or ~/.triton
+
+from engine.config import EngineConfig, ModelConfig  # noqa: E402
+from engine.errors import (  # noqa: E402
     ContextTooLongError,
     EngineError,
     ModelLoadError,
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from engine.llm_engine import Completion, Engine, GenerationStats, Stream, StreamEvent
-from engine.sampling_params import SamplingParams
+from engine.llm_engine import Completion, Engine, GenerationStats, Stream, StreamEvent  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [
     "Completion",

@@ -1,4 +1,4 @@
-"""Where the engine keeps files it can rebuild: converted checkpoints and the like."""
+"""Where the engine keeps files it can rebuild: converted checkpoints, compiled kernels."""
 
 from __future__ import annotations
 
@@ -16,3 +16,13 @@ def cache_dir() -> Path:
     if xdg:
         return Path(xdg).expanduser() / "agentctx"
     return Path.home() / ".cache" / "agentctx"
+
+
+def keep_compiler_caches_inside() -> None:
+    """Point torch's inductor cache and Triton's kernel cache under cache_dir(), unless the
+    user set them: by default the first is torchinductor_<user> in the system temp folder
+    (made as soon as torch._dynamo is imported, which building a model on the meta device
+    does) and the second ~/.triton. Both are read when first used, so this runs before."""
+    base = cache_dir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(base / "torchinductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(base / "triton"))

@@ -1,9 +1,9 @@
-"""Real session files for the reliability tests: a store with a session of every record
-kind (turns, a tool call, a manifest) and a real KV snapshot from the tiny engine, and the
-state of a store folder, byte for byte."""
+"""Store folders for the reliability tests: a session of every record kind (turns, a tool
+call, a manifest), the state of a folder byte for byte, and a private AGENTCTX_HOME."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sessions.store import SessionStore
@@ -36,3 +36,15 @@ def folder_state(home: Path) -> dict[str, bytes | None]:
             continue
         state[rel] = p.read_bytes() if p.is_file() else None
     return state
+
+
+def private_home(tmp_path: Path) -> Path:
+    """A fresh AGENTCTX_HOME folder with the suite's config.json (its default model,
+    SmolLM2) and a link to its model cache (converted once per run)."""
+    shared = Path(os.environ["AGENTCTX_HOME"])
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.json").write_text((shared / "config.json").read_text())
+    (shared / "cache").mkdir(exist_ok=True)
+    (home / "cache").symlink_to(shared / "cache")
+    return home

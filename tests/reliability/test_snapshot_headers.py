@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from agentctx.kv_snapshots import prune
 from engine.snapshot import load_snapshot
 from engine.snapshot_header import METADATA_KEYS, SnapshotError, remove_stale_temps
 from sessions.store import SessionStore
+from tests.reliability.session_file_support import private_home
 from tests.reliability.snapshot_support import (
     join,
     loads_or_refuses,
@@ -240,13 +240,7 @@ def _agentctx(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def cli_home(tmp_path, monkeypatch):
-    """A fresh AGENTCTX_HOME sharing the suite's model cache and config (SmolLM2)."""
-    shared = Path(os.environ["AGENTCTX_HOME"])
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.json").write_text((shared / "config.json").read_text())
-    (shared / "cache").mkdir(exist_ok=True)
-    (home / "cache").symlink_to(shared / "cache")
+    home = private_home(tmp_path)
     monkeypatch.setenv("AGENTCTX_HOME", str(home))
     return home
 
