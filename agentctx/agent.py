@@ -265,6 +265,19 @@ def run_tools(
             tail.error = f"{tail.error}\n\n{LIMIT_NOTE}"
 
 
+NOT_RUN = "not run: no more tool calls in this turn; answer in words from the results above"
+
+
+def refuse_calls(calls: list[ToolCallRecord], offered, fmt) -> list[ToolCallRecord]:
+    """The calls of a step that had to be the answer: checked (so they are counted), then
+    refused with NOT_RUN where they could have run."""
+    check_calls(ToolStep("", calls), tuple(offered), fmt)
+    for call in calls:
+        if call.error is None:
+            call.error = NOT_RUN
+    return calls
+
+
 def call_counts(calls: list[ToolCallRecord]) -> dict[str, int]:
     """A turn's tool calls for its usage record: made (every call the text held), parsed
     (a name and an arguments object could be read), succeeded (the tool ran and returned

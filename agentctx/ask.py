@@ -98,6 +98,7 @@ def run_turn(
     `session`: an engine session (engine.open_session) whose pinned KV the steps reuse.
     `record`: an agentctx.turn_record.TurnRecord that stores the answer as it streams."""
     from agentctx.agent import (
+        ANSWER_NOW,
         ToolStep,
         VisibleText,
         after_step,
@@ -107,6 +108,7 @@ def run_turn(
         engine_tool_format,
         parse_tool_calls,
         question_of,
+        refuse_calls,
         run_tools,
         tool_messages,
     )
@@ -120,7 +122,8 @@ def run_turn(
     question, final = question_of(messages), False
     if fmt:
         convo = with_tool_prompt(convo, kind, fmt)
-    for step_no in range(max_steps + 1):
+    retried = False  # a step that had to be the answer but only called tools, asked again
+    for step_no in range(max_steps + 2):
         ids = engine.chat_tokens(convo, tools=tools)
         if len(ids) >= engine.max_model_len:
             raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
@@ -153,7 +156,23 @@ def run_turn(
         if stats is not None:
             completion += stats.completion_tokens
             ttft = stats.ttft_s if ttft is None else ttft
-        if reason == "cancelled" or not calls or step_no == max_steps or final:
+        must_answer = final or step_no >= max_steps
+        only_calls = calls and not content.strip() and reason != "cancelled"
+        if must_answer and only_calls and question and not retried:
+            # once: the calls are refused and the question asked again
+            retried = True
+            step = ToolStep(content, refuse_calls(calls, names, fmt))
+            steps.append(step)
+            step.after = ANSWER_NOW.format(question=question)
+            convo += [assistant_message(step), *tool_messages(step),
+                      {"role": "user", "content": step.after}]  # fmt: skip
+            for call in step.calls:
+                output.tool_call(call)
+                output.tool_result(call)
+            if record is not None:
+                record.step(step)
+            continue
+        if reason == "cancelled" or not calls or must_answer:
             if calls and reason != "cancelled":
                 reason = "step_limit"
                 content = content or "(stopped: the tool step limit was reached)"
@@ -183,7 +202,7 @@ def run_turn(
             convo.append({"role": "user", "content": step.after})
         if record is not None:
             record.step(step)
-    raise AssertionError("unreachable")  # the loop returns at step max_steps
+    raise AssertionError("unreachable")  # the loop returns by step max_steps + 1
 
 
 def history_messages(store, session_id: str) -> list[dict]:

@@ -16,8 +16,9 @@ from agentctx.agent import (
     parse_tool_calls,
     tool_format,
 )
-from agentctx.ask import TOOL_PROMPTS, history_messages, run_turn, save_turn
+from agentctx.ask import TOOL_PROMPTS, history_messages, run_turn
 from agentctx.output import JsonOutput, TextOutput
+from agentctx.turn_record import save_turn
 from engine import SamplingParams
 from engine.loader import resolve_source
 from sessions.store import SessionStore
@@ -328,11 +329,30 @@ def test_a_function_called_as_a_tool_after_its_file_was_read(tokenizer_path, rep
 
 
 def test_a_step_that_calls_on_after_a_looping_one_is_stopped(tokenizer_path, repo):
-    engine = scripted(
-        tokenizer_path, [call("list_files"), call("list_files"), call("grep", pattern="x")]
-    )
+    engine = scripted(tokenizer_path, [
+        call("list_files"), call("list_files"), call("grep", pattern="x"), call("grep", pattern="y"),
+    ])  # fmt: skip
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
-    assert len(engine.prompts) == 3 and result.finish_reason == "step_limit"
+    # the step that had to answer called again: its call is refused and the question asked
+    # once more; a model that still calls is stopped
+    assert len(engine.prompts) == 4 and result.finish_reason == "step_limit"
+    assert result.steps[2].calls[0].error.startswith("not run: no more tool calls")
+    assert result.usage["tool_calls"] == 4 and result.usage["tool_calls_succeeded"] == 1
+
+
+def test_a_step_that_must_answer_but_calls_is_asked_once_more(tokenizer_path, repo):
+    """The 0.5B, told to answer, wrote a call and no text (an empty answer): the call is
+    refused with NOT_RUN, the question is asked again, and the model answers."""
+    engine = scripted(tokenizer_path, [
+        call("list_files"), call("list_files"), call("grep", pattern="def add"),
+        "add returns a + b.",
+    ])  # fmt: skip
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    assert result.answer == "add returns a + b." and result.finish_reason == "stop"
+    refused = result.steps[2].calls[0]
+    assert refused.result is None and refused.error.startswith("not run: no more tool calls")
+    asked = "Answer the question from the tool results above, in words, without calling a tool."
+    assert engine.prompt_text(3).count(asked) == 2 and "not run: no more" in engine.prompt_text(3)
     assert result.usage["tool_calls"] == 3 and result.usage["tool_calls_succeeded"] == 1
 
 
@@ -390,9 +410,10 @@ def test_a_turn_without_calls_counts_zero_and_the_tool_prompt_is_added(tokenizer
 def test_the_step_limit_stops_a_model_that_keeps_calling(tokenizer_path, repo):
     engine = scripted(tokenizer_path, [call("list_files")] * 10)
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo), max_steps=2)
-    assert len(engine.prompts) == 3  # two tool steps, then one that must answer
+    # two tool steps, one that must answer (its call refused), the question once more
+    assert len(engine.prompts) == 4
     assert result.finish_reason == "step_limit"
-    assert len(result.steps) == 2
+    assert len(result.steps) == 3
     assert LIMIT_NOTE in engine.prompt_text(2) and LIMIT_NOTE not in engine.prompt_text(1)
 
 
