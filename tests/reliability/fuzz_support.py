@@ -3,6 +3,9 @@ file or to the JSON of a snapshot header.
 
 Each run is derandomized (the same examples in every run, so a CI failure reproduces) and
 draws at least EXAMPLES mutated inputs per target; the tests count the inputs they ran.
+The tests draw through st.data(), never a strategy built from the file: hypothesis seeds a
+derandomized run from the test and its strategies' reprs, and a file's temporary paths
+and times would make every run's examples different.
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ def dump(value: Any) -> str:
     return json.dumps(value, allow_nan=True)
 
 
-@st.composite
-def line_mutations(draw, lines: list[str]) -> tuple[str, list[str]]:
-    """(what was done, the mutated text) of 1 to 3 edits of a session file's lines."""
+def mutate_lines(draw, lines: list[str]) -> tuple[str, str]:
+    """(what was done, the mutated text) of 1 to 3 edits of a session file's lines; `draw`
+    is hypothesis' data().draw."""
     lines, done = list(lines), []
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(
@@ -125,8 +128,7 @@ def as_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-@st.composite
-def header_mutations(draw, header: dict[str, Any]) -> tuple[str, Any, bool]:
+def mutate_header(draw, header: dict[str, Any]) -> tuple[str, Any, bool]:
     """(what was done, the mutated header JSON, whether to recompute its checksum) of 1
     to 3 edits of a snapshot header, the checksum recomputed most of the time so that
     the edit reaches the checks after it."""
@@ -140,7 +142,7 @@ def header_mutations(draw, header: dict[str, Any]) -> tuple[str, Any, bool]:
                 header[key] = draw(JSON)
             done.append(f"top.{key}")
             continue
-        key = draw(st.one_of(st.sampled_from(sorted(target)), KEYS))
+        key = draw(st.one_of(st.sampled_from(sorted(target)), KEYS) if target else KEYS)
         how = draw(st.sampled_from(["set", "set", "delete", "number", "list"]))
         if how == "delete":
             target.pop(key, None)

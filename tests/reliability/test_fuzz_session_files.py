@@ -3,7 +3,8 @@ snapshot in three parts) edited by hypothesis (cuts, dropped, repeated and swapp
 fields set to hostile JSON or deleted, header versions and counts, flipped bytes), then
 imported in-process into a store with a session of its own. Each import either succeeds or
 raises one StoreError of one line and leaves the store folder byte for byte as it was;
-nothing else may escape, and a file imported under the export's own header is whole. At least 300 files per run (derandomized: the same ones each run)."""
+nothing else may escape, and a file imported under the export's own header is whole. At
+least 300 files per run (derandomized: the same ones each run)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from sessions import session_file
 from sessions.errors import StoreError
 from sessions.session_file import export_session, import_session
 from sessions.store import SessionStore
-from tests.reliability.fuzz_support import EXAMPLES, FUZZ, as_bytes, line_mutations
+from tests.reliability.fuzz_support import EXAMPLES, FUZZ, as_bytes, mutate_lines
 from tests.reliability.session_file_support import fill_store, folder_state
 from tests.reliability.snapshot_support import tiny_engine, write_snapshot
 
@@ -50,9 +52,9 @@ def test_fuzzed_session_files_import_or_are_refused_cleanly(pristine):
     whole = {"messages": 4, "tool_calls": 1, "manifests": 1, "kv": True}
 
     @FUZZ
-    @given(line_mutations(lines))
-    def one(mutation):
-        what, text = mutation
+    @given(st.data())
+    def one(data):
+        what, text = mutate_lines(data.draw, lines)
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / "home"
             shutil.copytree(home, target)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from tests.reliability.fuzz_support import EXAMPLES, FUZZ, header_mutations
+from tests.reliability.fuzz_support import EXAMPLES, FUZZ, mutate_header
 from tests.reliability.session_file_support import folder_state
 from tests.reliability.snapshot_support import join, split, tiny_engine, write_snapshot
 
@@ -33,9 +34,9 @@ def test_fuzzed_snapshot_headers_restore_or_are_refused_cleanly(made):
     outcomes = {"restored": 0, "refused": 0}
 
     @FUZZ
-    @given(header_mutations(header))
-    def one(mutation):
-        what, edited, recompute = mutation
+    @given(st.data())
+    def one(data):
+        what, edited, recompute = mutate_header(data.draw, header)
         with tempfile.TemporaryDirectory() as tmp:
             kv = Path(tmp)
             path = kv / "s-abcdef.kv"
