@@ -302,8 +302,11 @@ def with_tool_prompt(messages: list[dict], kind: str, fmt: str | None) -> list[d
     extra = TOOL_PROMPTS.get(kind, TOOL_PROMPTS["repo"])
     if not extra:
         return list(messages)
-    name, arguments = TOOL_EXAMPLES.get(kind, TOOL_EXAMPLES["repo"])
-    extra = f"{extra} Write each call as {format_call(name, arguments, fmt)}."
+    if fmt != "hermes":
+        # a hermes template (Qwen's) shows the call's form itself; an example on top of it
+        # was copied into answers, the repository's names put where the tool's should be
+        name, arguments = TOOL_EXAMPLES.get(kind, TOOL_EXAMPLES["repo"])
+        extra = f"{extra} Write each call as {format_call(name, arguments, fmt)}."
     if messages and messages[0].get("role") == "system":
         first = {**messages[0], "content": f"{messages[0]['content']}\n\n{extra}"}
         return [first, *messages[1:]]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentctx.code_outline import outline_symbols
+from agentctx.excerpts import Excerpt, best_excerpts
 from agentctx.ranking import is_boilerplate, rank_paths
 from agentctx.ranking import relevance as _relevance
 from agentctx.repo_map import MapEntry, RepoMap, build_map
@@ -79,6 +80,8 @@ class PackedContext:
     map: MapSummary | None = None
     budget: int | None = None
     warnings: list[str] = field(default_factory=list)
+    # definitions shown again after the files, right before the question (agentctx.excerpts)
+    excerpts: list[Excerpt] = field(default_factory=list)
 
     @property
     def tokens_omitted(self) -> int:
@@ -118,11 +121,21 @@ def pack_repository(
     limit = int(budget * MAP_SHARE) if map_budget is None else map_budget
     repo_map = build_map(entries, max(min(limit, budget - 1), 0), count_tokens)
     names = {path: [s.name for s in found] for path, found in symbols.items()}
-    ranked = rank_paths(texts, question, names, _project_names(base, texts))
+    project = _project_names(base, texts)
+    ranked = rank_paths(texts, question, names, project)
     prefix = repo_map.text + "\n" if repo_map.text else ""
-    chosen, full_tokens = _choose(ranked, texts, lines_of, budget - repo_map.tokens, count_tokens)
-    text, tokens = _join_within_budget(prefix, chosen, budget, count_tokens)
-    return _context(base, repo_map, ranked, chosen, full_tokens, unread, text, tokens, budget)
+    section, excerpts = best_excerpts(
+        lines_of, symbols, question, count_tokens, budget - repo_map.tokens, project
+    )
+    suffix = "\n" + section if section else ""
+    room = budget - repo_map.tokens - (count_tokens(suffix) if suffix else 0)
+    chosen, full_tokens = _choose(ranked, texts, lines_of, room, count_tokens)
+    text, tokens = _join_within_budget(prefix, chosen, suffix, budget, count_tokens)
+    if not suffix or not text.endswith(suffix):
+        excerpts = []
+    packed = _context(base, repo_map, ranked, chosen, full_tokens, unread, text, tokens, budget)
+    packed.excerpts = excerpts
+    return packed
 
 
 def _read_all(base: Path, max_file_bytes: int) -> tuple[dict[str, str], dict]:
@@ -257,6 +270,9 @@ def summary_line(packed: PackedContext, noun: str = "file") -> str:
     line += f", {truncated} truncated)" if truncated else ")"
     which = f"all {m.files:,}" if m.listed == m.files else f"{m.listed:,} of {m.files:,}"
     line += f" and a map of {which} {_plural(noun, m.files)} ({m.tokens:,} tokens)"
+    if packed.excerpts:
+        again = sum(e.tokens for e in packed.excerpts)
+        line += f", {_count(len(packed.excerpts), 'definition')} again ({again:,} tokens)"
     only_map = [o for o in packed.omitted if o.reason != REASON_TRUNCATED]
     if only_map:
         tokens = sum(o.tokens or 0 for o in only_map)
@@ -290,21 +306,27 @@ def _truncate_to_fit(
 def _join_within_budget(
     prefix: str,
     chosen: dict[int, _Rendering],
+    suffix: str,
     budget_tokens: int,
     count_tokens: Callable[[str], int],
 ) -> tuple[str, int]:
-    """The packed text (prefix, then the files) and its true token count, dropping files
-    from the end if the whole overshoots.
+    """The packed text (prefix, the files, then suffix) and its true token count, dropping
+    files from the end if the whole overshoots, and then the suffix.
 
     Counted one by one the parts fit; a tokenizer can still merge across the seams between
     them, so the joined text is counted once more and trimmed from the end.
     """
     while True:
-        text = prefix + "".join(chosen[rank].text for rank in sorted(chosen))
+        text = prefix + "".join(chosen[rank].text for rank in sorted(chosen)) + suffix
         tokens = count_tokens(text) if text else 0
-        if tokens <= budget_tokens or not chosen:
-            return (text, tokens) if tokens <= budget_tokens else ("", 0)
-        del chosen[max(chosen)]
+        if tokens <= budget_tokens:
+            return text, tokens
+        if chosen:
+            del chosen[max(chosen)]
+        elif suffix:
+            suffix = ""
+        else:
+            return "", 0
 
 
 def _split_lines(text: str) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 from agentctx.packing import REASON_BUDGET, REASON_TRUNCATED, PackedContext
 
 MAP_PATH = "(repository map)"  # the map's record among a stored manifest's files
+EXCERPT = "excerpt"  # a definition shown again before the question (agentctx.excerpts)
 
 
 def manifest_data(packed: PackedContext) -> dict[str, Any]:
@@ -19,7 +20,8 @@ def manifest_data(packed: PackedContext) -> dict[str, Any]:
         "budget": packed.budget,
         "commit": packed.commit,
         "map": files[0] if files and files[0].get("packed") == "map" else None,
-        "files": [f for f in files if f.get("packed") != "map"],
+        "files": [f for f in files if f.get("packed") not in ("map", EXCERPT)],
+        "excerpts": [f for f in files if f.get("packed") == EXCERPT],
         "omitted": omitted,
         "warnings": list(packed.warnings),
     }
@@ -37,6 +39,9 @@ def stored_manifest(packed: PackedContext) -> tuple[list[dict], list[dict]]:
         if f.lines is not None:
             record.update(lines=f.lines, total_lines=f.total_lines)
         files.append(record)
+    for e in packed.excerpts:
+        files.append({"path": e.path, "tokens": e.tokens, "packed": EXCERPT, "symbol": e.name,
+                      "start": e.start, "end": e.end})  # fmt: skip
     omitted = [
         {"path": o.path, "tokens": o.tokens, "reason": o.reason, "map": o.map}
         for o in packed.omitted
@@ -64,6 +69,9 @@ def report_lines(
     tails = {o.get("path"): o.get("tokens") for o in omitted if o.get("reason") == REASON_TRUNCATED}
     out += _section("packed in full", full, lambda f: "")
     out += _section("truncated", cut, lambda f: _cut_note(f, tails.get(f.get("path"))))
+    again = [f for f in files if f.get("packed") == EXCERPT]
+    out += _section("definitions shown again before the question", again, _excerpt_note,
+                    noun="definition")  # fmt: skip
     rest = [o for o in omitted if o.get("reason") != REASON_TRUNCATED]
     outlined = [o for o in rest if o.get("map") == "outline"]
     listed = [o for o in rest if o.get("map") == "path"]
@@ -75,11 +83,11 @@ def report_lines(
     return out
 
 
-def _section(title: str, items: list[dict], note) -> list[str]:
+def _section(title: str, items: list[dict], note, noun: str = "file") -> list[str]:
     if not items:
         return []
     total = sum(i.get("tokens") or 0 for i in items)
-    noun = "file" if len(items) == 1 else "files"
+    noun = noun if len(items) == 1 else f"{noun}s"
     head = f"{title} ({len(items):,} {noun}" + (f", {total:,} tokens):" if total else "):")
     rows = []
     for item in items:
@@ -87,6 +95,10 @@ def _section(title: str, items: list[dict], note) -> list[str]:
         amount = f"{tokens:,} tokens" if tokens is not None else "not read"
         rows.append(f"  {item.get('path')}  {amount}{note(item)}")
     return [head, *rows]
+
+
+def _excerpt_note(f: dict) -> str:
+    return f" ({f.get('symbol', '')}, lines {f.get('start')}-{f.get('end')})"
 
 
 def _cut_note(f: dict, tail: int | None) -> str:

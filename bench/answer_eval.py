@@ -129,6 +129,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     ap.add_argument("--max-steps", type=int, default=None, help="tool steps (default: ask's)")
     ap.add_argument("--speculate", default="auto", help="as `ask --speculate`")
+    ap.add_argument("--excerpts", type=int, default=None,
+                    help="definitions shown again before the question (default: packing's "
+                    "agentctx.excerpts.MAX_EXCERPTS; 0: none, an ablation)")  # fmt: skip
     ap.add_argument("--repo", action="append", help="only these repositories (repeatable)")
     ap.add_argument("--only", default=None, help="only these question ids, comma-separated")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions selected")
@@ -154,12 +157,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.package_dirs[name] = path
     if args.resume and not args.json_path:
         ap.error("--resume needs --json PATH (the results to continue)")
-    for name in ("context_tokens", "max_tokens", "limit", "max_steps"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "max_steps" else 1):
-            ap.error(
-                f"--{name.replace('_', '-')} must be at least {0 if name == 'max_steps' else 1}"
-            )
+    for name in ("context_tokens", "max_tokens", "limit", "max_steps", "excerpts"):
+        value, least = getattr(args, name), 0 if name in ("max_steps", "excerpts") else 1
+        if value is not None and value < least:
+            ap.error(f"--{name.replace('_', '-')} must be at least {least}")
+    if args.excerpts is not None:
+        import agentctx.excerpts
+
+        agentctx.excerpts.MAX_EXCERPTS = args.excerpts  # this process only: an ablation
     return args
 
 

@@ -90,7 +90,7 @@ class SessionService:
         from agentctx.packing_report import report_lines
 
         m = manifests[-1]
-        packed = sum(1 for f in m.files if f.get("packed") != "map")
+        packed = sum(1 for f in m.files if f.get("packed") not in ("map", "excerpt"))
         head = f"**{packed} packed, {m.tokens:,} tokens in all**"
         return "\n".join([head, "", "```", *report_lines(m.files, m.omitted), "```"])
 
