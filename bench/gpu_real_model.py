@@ -177,7 +177,7 @@ def sparse_locality(args, ids: list[int], tier_frac: float) -> dict:
     from engine.kv_cache import KVCache
 
     n = min(len(ids), args.context - NEW_DECODE - 16)
-    from engine.loader import read_config, resolve_source
+    from engine.loading.loader import read_config, resolve_source
 
     mc = read_config(resolve_source(args.model))  # the config alone, no weights
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32

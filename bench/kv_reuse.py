@@ -148,7 +148,7 @@ def main() -> None:
         )
         if args.device == "cuda":  # room for the session, a restored copy and slack
             from engine.kv_cache import KVCache
-            from engine.loader import read_config, resolve_source
+            from engine.loading.loader import read_config, resolve_source
 
             mcfg = read_config(resolve_source(args.model))
             per_token = KVCache.bytes_per_page(mcfg, 16, torch.bfloat16) // 16

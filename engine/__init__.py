@@ -1,6 +1,6 @@
 """agentctx's embedded inference engine. Imports torch, transformers and safetensors only."""
 
-from engine.paths import keep_compiler_caches_inside
+from engine.loading.paths import keep_compiler_caches_inside
 
 keep_compiler_caches_inside()  # nothing in the system temp folder or ~/.triton
 

@@ -27,7 +27,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import Detokenizer
 from engine.errors import CacheFullError, ContextTooLongError, EngineError, ModelLoadError
-from engine.loader import (
+from engine.loading.loader import (
     build_model,
     init_dummy_weights,
     load_checkpoint_weights,
@@ -139,15 +139,15 @@ class Stream:
 
 
 def _load_int4(net, source, device: torch.device, required: bool) -> bool:
-    """Switch a CPU model to the GGUF's quantized linears for decode (engine.quant: 4-bit
+    """Switch a CPU model to the GGUF's quantized linears for decode (engine.loading.quant: 4-bit
     blocks, or int8 rows for 5- to 8-bit types) and an int8 output head. Returns whether it
     did; `required` turns "no quantized weights here" into an error."""
     if device.type != "cpu":
         if required:
             raise EngineError("int4 weights run on the CPU only")
         return False
-    from engine.gguf_quants import INT4_TYPES, INT8_TYPES
-    from engine.quant import load_quantized, quantize_lm_head
+    from engine.loading.gguf_quants import INT4_TYPES, INT8_TYPES
+    from engine.loading.quant import load_quantized, quantize_lm_head
 
     # prefill chunks run dense: in bf16 where the CPU has AMX (3.5x faster than fp32 at 512
     # tokens on this machine's Xeon), else in the checkpoint's fp32

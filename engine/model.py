@@ -41,7 +41,7 @@ def row_exact(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     verification step runs its rows one by one. The quantized kernels are row-independent as
     they are (tested), and are kept for any row count here (their dense switch-over would
     change the numbers)."""
-    from engine.quant import QUANT_LINEARS
+    from engine.loading.quant import QUANT_LINEARS
 
     if isinstance(linear, QUANT_LINEARS):
         return linear.forward(x, kernel_rows=x.shape[0])
@@ -170,7 +170,7 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.int8_head: nn.Module | None = None  # set by engine.quant for fast CPU decode
+        self.int8_head: nn.Module | None = None  # set by engine.loading.quant for fast CPU decode
 
     def forward(self, input_ids: torch.Tensor, kv_layers: list[torch.Tensor], ctx: StepContext):
         """input_ids: [T] -> final hidden states [T, hidden]."""

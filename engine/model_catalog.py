@@ -2,7 +2,7 @@
 
 Each model is a GGUF shipped in one or more pip packages. A package holds either the whole
 file or one slice of it (`<module>/data/partNN.bin`); the slices, concatenated in package
-order, form the GGUF. The files are read in place (engine.gguf_parts); before first use
+order, form the GGUF. The files are read in place (engine.loading.gguf_parts); before first use
 their total size and sha256 are checked against this table, and the check is remembered
 (a stamp under the engine cache, keyed by each file's path, size, mtime and inode), so a
 later load re-hashes only after a part changed.
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import paths
 from engine.errors import ModelLoadError, ModelNotFoundError
-from engine.gguf_parts import sha256_of, stat_key, total_size
+from engine.loading import paths
+from engine.loading.gguf_parts import sha256_of, stat_key, total_size
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,9 +37,9 @@ def default_checkpoint(agentctx_home):
     It goes into the cache the engine and the CLI use under the private AGENTCTX_HOME, so
     every test that loads the default model shares the one 640 MB conversion (the suite once
     filled a small /tmp by converting it per module)."""
-    from engine import paths
-    from engine.default_model import ModelNotFoundError, default_model_path
-    from engine.gguf_file import gguf_to_checkpoint
+    from engine.loading import paths
+    from engine.loading.default_model import ModelNotFoundError, default_model_path
+    from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 
     try:
         path = default_model_path()

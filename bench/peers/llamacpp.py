@@ -62,7 +62,7 @@ STAMP = "agentctx-build.json"
 
 
 def cache_root() -> Path:
-    """$AGENTCTX_LLAMACPP_DIR, else engine.paths.cache_dir() / "llamacpp" (same rule, here
+    """$AGENTCTX_LLAMACPP_DIR, else engine.loading.paths.cache_dir() / "llamacpp" (same rule, here
     without importing the engine and so torch)."""
     override = os.environ.get("AGENTCTX_LLAMACPP_DIR")
     if override:

@@ -97,7 +97,7 @@ def prepare(args, made: llamacpp.Build) -> dict[str, Path]:
     """The random-weight GGUFs of the preset's shape: f16 written with the sdist's gguf-py,
     then Q4_K_M by llama-quantize. Each is written once, under a temporary name first."""
     from bench.peers import random_gguf
-    from engine.loader import DUMMY_PRESETS
+    from engine.loading.loader import DUMMY_PRESETS
 
     work, preset = args.work, args.preset
     work.mkdir(parents=True, exist_ok=True)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: --rows takes numbers from 1 to {len(rows)}, got {args.rows!r}", file=sys.stderr
         )
         return 1
-    from engine.loader import DUMMY_PRESETS
+    from engine.loading.loader import DUMMY_PRESETS
 
     if args.preset not in DUMMY_PRESETS:
         print(

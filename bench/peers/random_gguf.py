@@ -5,8 +5,9 @@ are not on the machine (the Llama-3.1-8B shape on the H200, which has no network
 
 Written with llama.cpp's own gguf-py (--gguf-py: the sdist's llama.cpp/gguf-py; else the
 installed `gguf`), in f16 with f32 norms, as llama.cpp's converter writes an f16 model. Quantize
-it with llama-quantize. The shapes are the engine's dummy presets (engine.loader.DUMMY_PRESETS),
-so llama.cpp and `dummy:PRESET` runs of our engine read the same bytes per token.
+it with llama-quantize. The shapes are the engine's dummy presets
+(engine.loading.loader.DUMMY_PRESETS), so llama.cpp and `dummy:PRESET` runs of our engine read
+the same bytes per token.
 
 Values: a pool of 2^24 N(0, 0.02) draws (seeded) laid out at random offsets, tensor after tensor:
 the same statistics as fresh draws at memory speed (8B fresh normals take minutes). The file has
@@ -152,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.random_gguf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("out", type=Path)
-    ap.add_argument("--preset", default="llama-3.1-8b", help="a dummy preset of engine.loader")
+    ap.add_argument(
+        "--preset", default="llama-3.1-8b", help="a dummy preset of engine.loading.loader"
+    )
     ap.add_argument("--gguf-py", type=Path, help="llama.cpp's gguf-py folder (the sdist's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from engine.loader import DUMMY_PRESETS
+    from engine.loading.loader import DUMMY_PRESETS
 
     if args.preset not in DUMMY_PRESETS:
         print(

@@ -20,7 +20,7 @@ from agentctx.ask import TOOL_PROMPTS, history_messages, run_turn
 from agentctx.output import JsonOutput, TextOutput
 from agentctx.turn_record import save_turn
 from engine import SamplingParams
-from engine.loader import resolve_source
+from engine.loading.loader import resolve_source
 from sessions.store import SessionStore
 from tests.app.scripted import ScriptedEngine
 from tests.app.tool_templates import HERMES, JSON

@@ -12,7 +12,7 @@ from pathlib import Path
 import git
 import pytest
 
-from engine.default_model import default_model_path
+from engine.loading.default_model import default_model_path
 
 
 def agentctx(

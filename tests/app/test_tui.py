@@ -210,7 +210,7 @@ async def test_tool_calls_show_as_collapsible_panels_and_come_back_on_resume(rep
     from textual.widgets import Collapsible
     from transformers import AutoTokenizer
 
-    from engine.loader import resolve_source
+    from engine.loading.loader import resolve_source
     from tests.app.scripted import ScriptedEngine
     from tests.app.tool_templates import HERMES
 

@@ -79,7 +79,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_cache_root_is_the_engines_cache_dir(monkeypatch, tmp_path):
-    from engine import paths
+    from engine.loading import paths
 
     monkeypatch.delenv("AGENTCTX_LLAMACPP_DIR", raising=False)
     for home, xdg in ((str(tmp_path / "h"), None), (None, str(tmp_path / "x")), (None, None)):

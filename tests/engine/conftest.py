@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig
-from engine.loader import build_model, load_checkpoint_weights, read_config, resolve_source
+from engine.loading.loader import build_model, load_checkpoint_weights, read_config, resolve_source
 
 
 def tiny_checkpoint(tmp_path_factory, name: str, config) -> str:

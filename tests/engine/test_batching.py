@@ -92,7 +92,12 @@ def test_cpu_bf16_tracks_fp32(checkpoint):
     import torch
 
     from engine.llm_engine import prompt_logits
-    from engine.loader import build_model, load_checkpoint_weights, read_config, resolve_source
+    from engine.loading.loader import (
+        build_model,
+        load_checkpoint_weights,
+        read_config,
+        resolve_source,
+    )
 
     source = resolve_source(checkpoint)
     cfg = read_config(source)

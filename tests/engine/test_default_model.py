@@ -8,7 +8,7 @@ import torch
 
 from engine import Engine, SamplingParams
 from engine.llm_engine import prompt_logits
-from engine.loader import resolve_source
+from engine.loading.loader import resolve_source
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine import default_model, paths
-from engine.default_model import DEFAULT_MODEL_NAME, default_model_path
 from engine.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
-from engine.gguf_file import _rope_scaling, _unpermute, gguf_to_checkpoint
+from engine.loading import default_model, paths
+from engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
+from engine.loading.gguf_checkpoint import gguf_to_checkpoint
+from engine.loading.gguf_config import rope_scaling
+from engine.loading.gguf_weights import unpermute
 
 gguf = pytest.importorskip("gguf")  # conversion needs it; machines that only load lack it
 
@@ -171,7 +173,7 @@ def test_unpermute_inverts_llama_cpp_permute() -> None:
     for shape, heads in (((576, 576), 9), ((192, 576), 3), ((64,), 4)):
         w = rng.standard_normal(shape).astype(np.float32)
         assert not np.array_equal(llama_cpp_permute(w, heads), w)
-        assert np.array_equal(_unpermute(llama_cpp_permute(w, heads), heads), w)
+        assert np.array_equal(unpermute(llama_cpp_permute(w, heads), heads), w)
 
 
 def test_llama3_rope_freqs_become_transformers_llama3_scaling() -> None:
@@ -194,7 +196,7 @@ def test_llama3_rope_freqs_become_transformers_llama3_scaling() -> None:
     rope_freqs = np.array(divisors, dtype=np.float32)
 
     metadata = {"llama.rope.freq_base": base}
-    scaling = _rope_scaling(Path("m.gguf"), metadata, "llama", rope_freqs)
+    scaling = rope_scaling(Path("m.gguf"), metadata, "llama", rope_freqs)
     assert scaling is not None and scaling["rope_type"] == "llama3"
     config = LlamaConfig(
         hidden_size=2048,
@@ -208,7 +210,7 @@ def test_llama3_rope_freqs_become_transformers_llama3_scaling() -> None:
     np.testing.assert_allclose(inv_freq.numpy(), freqs / rope_freqs, rtol=1e-5)
 
     with pytest.raises(UnsupportedModelError, match="rope_freqs"):
-        _rope_scaling(Path("m.gguf"), metadata, "llama", rope_freqs[::-1].copy())
+        rope_scaling(Path("m.gguf"), metadata, "llama", rope_freqs[::-1].copy())
 
 
 def _gguf_name(hf: str) -> str:

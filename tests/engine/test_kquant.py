@@ -14,17 +14,17 @@ import torch
 from safetensors.torch import load_file
 
 from engine import Engine, EngineConfig, EngineError
-from engine.gguf_file import Q4_FILE, Q8_FILE, gguf_to_checkpoint
-from engine.gguf_quants import GROUP, dequantize, dequantize_int4, int8_rows
 from engine.llm_engine import prompt_logits
-from engine.loader import (
+from engine.loading.gguf_checkpoint import Q4_FILE, Q8_FILE, gguf_to_checkpoint
+from engine.loading.gguf_quants import GROUP, dequantize, dequantize_int4, int8_rows
+from engine.loading.loader import (
     build_model,
     load_checkpoint_weights,
     load_tokenizer,
     read_config,
     resolve_source,
 )
-from engine.quant import Int4Linear, Int8Linear, load_quantized, quantize_lm_head
+from engine.loading.quant import Int4Linear, Int8Linear, load_quantized, quantize_lm_head
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
@@ -293,7 +293,7 @@ def qwen_gguf_files() -> list[Path]:
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory) -> tuple[list[Path], Path]:
     """(the GGUF's files, its converted checkpoint in the session's cache)"""
-    from engine import paths
+    from engine.loading import paths
 
     files = qwen_gguf_files()
     return files, gguf_to_checkpoint(files if len(files) > 1 else files[0],

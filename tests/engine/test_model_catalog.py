@@ -12,8 +12,8 @@ gguf = pytest.importorskip("gguf")
 
 from engine import model_catalog  # noqa: E402
 from engine.errors import ModelLoadError, ModelNotFoundError  # noqa: E402
-from engine.gguf_file import gguf_to_checkpoint  # noqa: E402
-from engine.gguf_parts import open_buffer, sha256_of  # noqa: E402
+from engine.loading.gguf_checkpoint import gguf_to_checkpoint  # noqa: E402
+from engine.loading.gguf_parts import open_buffer, sha256_of  # noqa: E402
 from tests.engine.test_gguf import _tiny_model, _write_gguf  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def fake_model(tmp_path: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_known_name_loads_from_its_parts(fake_model) -> None:
-    from engine.loader import resolve_source
+    from engine.loading.loader import resolve_source
 
     model, _ = fake_model
     assert model_catalog.is_installed(model)
@@ -128,7 +128,7 @@ def test_a_truncated_part_is_refused(fake_model) -> None:
 
 
 def test_a_wrong_hash_is_refused_even_after_a_good_check(fake_model) -> None:
-    from engine.loader import resolve_source
+    from engine.loading.loader import resolve_source
 
     model, site = fake_model
     model_catalog.verified_files(model)  # checked once: a stamp remembers it

@@ -11,17 +11,23 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.gguf_file import Q4_FILE, Q8_FILE, gguf_to_checkpoint
-from engine.gguf_quants import int8_rows
 from engine.llm_engine import prompt_logits
-from engine.loader import (
+from engine.loading.gguf_checkpoint import Q4_FILE, Q8_FILE, gguf_to_checkpoint
+from engine.loading.gguf_quants import int8_rows
+from engine.loading.loader import (
     build_model,
     load_checkpoint_weights,
     load_tokenizer,
     read_config,
     resolve_source,
 )
-from engine.quant import GROUP_SIZE, Int4Linear, Int8Linear, load_quantized, quantize_lm_head
+from engine.loading.quant import (
+    GROUP_SIZE,
+    Int4Linear,
+    Int8Linear,
+    load_quantized,
+    quantize_lm_head,
+)
 
 gguf = pytest.importorskip("gguf")
 
@@ -263,8 +269,8 @@ def checkpoint(default_checkpoint: tuple[Path, Path]) -> Path:
 
 @pytest.mark.slow
 def test_default_model_q4_arrays_reproduce_the_weights(checkpoint: Path) -> None:
-    from engine.default_model import default_model_path
-    from engine.gguf_file import _unpermute
+    from engine.loading.default_model import default_model_path
+    from engine.loading.gguf_weights import unpermute
 
     dense, q4 = load_file(checkpoint / "model.safetensors"), load_file(checkpoint / Q4_FILE)
     assert len(q4) == 30 * len(LINEARS) * 3
@@ -292,7 +298,7 @@ def test_default_model_q4_arrays_reproduce_the_weights(checkpoint: Path) -> None
             continue
         ref = gguf.quants.dequantize(t.data, t.tensor_type)
         if parts[2] in heads:
-            ref = _unpermute(ref, heads[parts[2]])
+            ref = unpermute(ref, heads[parts[2]])
         assert torch.equal(
             dense[f"model.layers.{parts[1]}.{names[parts[2]]}.weight"], torch.from_numpy(ref)
         )

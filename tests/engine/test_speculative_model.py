@@ -11,8 +11,8 @@ import pytest
 
 from engine import Engine, SamplingParams
 from engine.config import EngineConfig
-from engine.default_model import default_model_path
 from engine.kv import SparseConfig
+from engine.loading.default_model import default_model_path
 from engine.spec.decoder import SpecConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -1,4 +1,5 @@
-"""4-bit linear layers for CPU decode, from the Q4_0/Q4_1 arrays engine.gguf_file keeps.
+"""4-bit linear layers for CPU decode, from the Q4_0/Q4_1 arrays that
+engine.loading.gguf_checkpoint keeps.
 
 Decode on a small CPU is memory-bound: each token reads every weight once. torch's CPU
 int4 kernel reads 4-bit weights (8x less than fp32) and computes in bf16. The 120 linears
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.gguf_quants import int8_rows
+from engine.loading.gguf_quants import int8_rows
 
 if TYPE_CHECKING:
     from engine.model import CausalLM
@@ -175,8 +176,8 @@ def load_quantized(
     model: CausalLM, directory: Path, dense_dtype: torch.dtype | None = torch.float32
 ) -> int:
     """Replace every layer's qkv_proj, o_proj, gate_up_proj and down_proj with a quantized
-    linear from directory's Q4_FILE and Q8_FILE (written by engine.gguf_file): an Int4Linear
-    where each of its HF parts has a 4-bit form, else an Int8Linear where each has one form
+    linear from directory's Q4_FILE and Q8_FILE (written by engine.loading.gguf_checkpoint):
+    an Int4Linear where each of its HF parts has a 4-bit form, else an Int8Linear where each has one form
     or the other (a 4-bit part, such as a Q4_K q_proj beside a Q6_K v_proj, is requantized
     to int8 from its dense rows). Returns how many modules were replaced: 0, with the model
     unchanged, when some weight has no quantized form (an F16 GGUF, a plain checkpoint).
@@ -228,7 +229,7 @@ class _Arrays:
     """The Q4_FILE and Q8_FILE of a converted checkpoint, open (either may be missing)."""
 
     def __init__(self, directory: Path):
-        from engine.gguf_file import Q4_FILE, Q8_FILE
+        from engine.loading.gguf_checkpoint import Q4_FILE, Q8_FILE
 
         self.paths = {"q4": Path(directory) / Q4_FILE, "q8": Path(directory) / Q8_FILE}
         self.files: dict[str, Any] = {}

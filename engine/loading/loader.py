@@ -1,7 +1,7 @@
 """Model loading: a .gguf file, a Hugging Face checkpoint directory, or dummy weights.
 
-GGUF files are dequantized once (engine.gguf_file) into a cached checkpoint directory, so
-every source ends up as config.json + safetensors + tokenizer files.
+GGUF files are dequantized once (engine.loading.gguf_checkpoint) into a cached checkpoint
+directory, so every source ends up as config.json + safetensors + tokenizer files.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class ModelSource:
 def resolve_source(model: str | os.PathLike | None) -> ModelSource:
     """Turn what the user passed to --model into a checkpoint directory or a dummy config."""
     if model is None or str(model) in ("", "default"):
-        from engine.default_model import default_model_path
+        from engine.loading.default_model import default_model_path
 
         model = default_model_path()
     name = str(model)
@@ -80,7 +80,7 @@ def resolve_source(model: str | os.PathLike | None) -> ModelSource:
 
     known = model_catalog.lookup(name)
     if known is not None and not Path(name).exists():
-        from engine.gguf_file import gguf_to_checkpoint
+        from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 
         files = model_catalog.verified_files(known)
         if len(files) == 1:  # named after its file, as when the path is given
@@ -88,7 +88,7 @@ def resolve_source(model: str | os.PathLike | None) -> ModelSource:
         return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files, name=known.name))
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or (path.is_file() and _is_gguf(path)):
-        from engine.gguf_file import gguf_to_checkpoint
+        from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 
         return ModelSource("checkpoint", name, gguf_to_checkpoint(path))
     if path.is_dir():

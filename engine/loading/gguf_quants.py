@@ -1,4 +1,5 @@
-"""GGUF weight blocks -> float32, and the quantized forms the CPU kernels of engine.quant take.
+"""GGUF weight blocks -> float32, and the quantized forms the CPU kernels of
+engine.loading.quant take.
 
 The float32 weight (model.safetensors, the exact reference) is always gguf's own maths. A
 linear weight also gets one quantized form, by its GGUF type:
