@@ -123,7 +123,7 @@ def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from engine import Engine, EngineConfig, SamplingParams
-    from engine.llm_engine import prompt_logits
+    from engine.runtime.llm_engine import prompt_logits
 
     cfg = LlamaConfig(
         vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,

@@ -71,7 +71,7 @@ def greedy(engine, prompt_ids: list[int], n: int) -> list[int]:
 
 def forced_logits(engine, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:
     """[len(tokens), V]: row j is the logits that predict tokens[j] after prompt + tokens[:j]."""
-    from engine.llm_engine import prompt_logits
+    from engine.runtime.llm_engine import prompt_logits
 
     full = prompt_logits(engine, prompt_ids + tokens[:-1])
     return full[len(prompt_ids) - 1 :].cpu()

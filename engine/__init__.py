@@ -12,7 +12,8 @@ from engine.errors import (  # noqa: E402
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from engine.llm_engine import Completion, Engine, GenerationStats, Stream, StreamEvent  # noqa: E402
+from engine.runtime.llm_engine import Engine  # noqa: E402
+from engine.runtime.requests import Completion, GenerationStats, Stream, StreamEvent  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from engine.errors import EngineError
 
 if TYPE_CHECKING:
-    from engine.llm_engine import Engine, Stream
+    from engine.runtime.llm_engine import Engine
+    from engine.runtime.requests import Stream
     from engine.sampling_params import SamplingParams
 
 
@@ -89,7 +90,7 @@ class EngineSession:
         """Stream an answer to a whole prompt, reusing the pages of its common prefix with
         the session's last turn. The answer is not added to `messages`: the caller adds it
         (as the template renders it) with the next turn."""
-        from engine.llm_engine import Stream
+        from engine.runtime.requests import Stream
 
         self._check_open()
         if self.busy:

@@ -6,7 +6,7 @@ repository, and turns are stored in a real SQLite file."""
 
 from __future__ import annotations
 
-from engine.llm_engine import GenerationStats, StreamEvent
+from engine.runtime.requests import GenerationStats, StreamEvent
 
 
 class ScriptedStream:

@@ -91,13 +91,13 @@ def test_cpu_bf16_tracks_fp32(checkpoint):
     """The engine also runs in bf16 on the CPU: logits stay close to fp32."""
     import torch
 
-    from engine.llm_engine import prompt_logits
     from engine.loading.loader import (
         build_model,
         load_checkpoint_weights,
         read_config,
         resolve_source,
     )
+    from engine.runtime.llm_engine import prompt_logits
 
     source = resolve_source(checkpoint)
     cfg = read_config(source)

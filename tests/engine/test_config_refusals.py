@@ -20,7 +20,7 @@ from transformers import (
 from engine import ContextTooLongError, Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.llm_engine import prompt_logits
+from engine.runtime.llm_engine import prompt_logits
 from tests.engine.conftest import tiny_checkpoint
 
 SMALL = dict(

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import Engine, SamplingParams
-from engine.llm_engine import prompt_logits
 from engine.loading.loader import resolve_source
+from engine.runtime.llm_engine import prompt_logits
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

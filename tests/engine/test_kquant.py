@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load_file
 
 from engine import Engine, EngineConfig, EngineError
-from engine.llm_engine import prompt_logits
 from engine.loading.gguf_checkpoint import Q4_FILE, Q8_FILE, gguf_to_checkpoint
 from engine.loading.gguf_quants import GROUP, dequantize, dequantize_int4, int8_rows
 from engine.loading.loader import (
@@ -25,6 +24,7 @@ from engine.loading.loader import (
     resolve_source,
 )
 from engine.loading.quant import Int4Linear, Int8Linear, load_quantized, quantize_lm_head
+from engine.runtime.llm_engine import prompt_logits
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType

@@ -13,7 +13,7 @@ from transformers import (
 )
 
 from engine import SamplingParams
-from engine.llm_engine import prompt_logits
+from engine.runtime.llm_engine import prompt_logits
 from tests.engine.conftest import load_engine, tiny_checkpoint
 
 SMALL = dict(

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.llm_engine import prompt_logits
 from engine.loading.gguf_checkpoint import Q4_FILE, Q8_FILE, gguf_to_checkpoint
 from engine.loading.gguf_quants import int8_rows
 from engine.loading.loader import (
@@ -28,6 +27,7 @@ from engine.loading.quant import (
     load_quantized,
     quantize_lm_head,
 )
+from engine.runtime.llm_engine import prompt_logits
 
 gguf = pytest.importorskip("gguf")
 

@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 
 from engine import SamplingParams
 from engine.kv import SparseConfig
-from engine.llm_engine import prompt_logits
+from engine.runtime.llm_engine import prompt_logits
 from engine.spec.decoder import SpecConfig, SpecDecoder
 from engine.spec.proposers import Draft, Proposer
 from tests.engine.conftest import load_engine, tiny_checkpoint
