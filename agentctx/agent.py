@@ -112,23 +112,21 @@ def format_call(name: str, arguments: dict[str, Any], fmt: str | None) -> str:
 def search_hint(
     name: str, offered: tuple[str, ...], fmt: str | None, root=None, read=frozenset()
 ) -> str:
-    """For a call of a tool that does not exist, which is often a function of the
-    repository called as a tool (to run it): that it cannot run, and where the repository
-    defines it, as a read_file call to copy (or, once that file was read, to answer from
-    it); else how to find the name with a real tool. `read`: the paths read so far."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,80}", name):
+    """For a call of a tool that does not exist: where it is a function of the repository
+    whose file was read already (an unread one is read instead: _read_instead), that it
+    cannot run and the answer is in what was read; else how to find the name with a real
+    tool. `read`: the paths read so far."""
+    name = name.rsplit(".", 1)[-1]
+    if not re.fullmatch(_NAME, name):
         return ""
     if root is not None and "read_file" in offered:
         found = _definition(root, name)
-        if found is not None:
+        if found is not None and found[0] in read:
             path, line = found
             where = (
                 f"{name} is defined in the repository ({path}:{line}), not a tool: it cannot be run"
             )
-            if path in read:
-                return f"{where}. {READ_ALREADY}"
-            call = format_call("read_file", {"path": path, "start": line, "max_lines": 40}, fmt)
-            return f"{where}. Read its code with {call}, then answer from the code"
+            return f"{where}. {READ_ALREADY}"
     if "grep" in offered:
         call = format_call("grep", {"pattern": name}, fmt)
     elif "search_book" in offered:
@@ -179,6 +177,12 @@ def check_calls(
                 call.error = f"{call.error}; write a call as {example}"
         elif call.error is None and call.name not in offered and _repair(call, offered):
             pass  # runs as the tool whose arguments it gave
+        elif (
+            call.error is None
+            and call.name not in offered
+            and _read_instead(call, offered, root, read_paths(list(earlier)))
+        ):
+            pass  # a function of the repository called as a tool: its code is read
         elif call.error is None and call.name not in offered:
             error = unknown_tool_error(call.name, offered)
             hint = search_hint(call.name, offered, fmt, root, read_paths(list(earlier)))
@@ -220,6 +224,23 @@ def _repair(call: ToolCallRecord, offered: tuple[str, ...]) -> bool:
     return False
 
 
+def _read_instead(call: ToolCallRecord, offered: tuple[str, ...], root, read) -> bool:
+    """Turn a call of the repository's own function or class ("Context.find_root", with the
+    arguments it would take) into a read of its definition, 40 lines from its first line,
+    unless its file was read already in this turn (the caller then says to answer)."""
+    name = call.name.rsplit(".", 1)[-1]
+    if root is None or "read_file" not in offered or not re.fullmatch(_NAME, name):
+        return False
+    found = _definition(root, name)
+    if found is None or found[0] in read:
+        return False
+    path, line = found
+    call.repaired_from, call.name = call.name, "read_file"
+    call.arguments = {"path": path, "start": line, "max_lines": 40}
+    return True
+
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,80}"
 READ_ALREADY = "You have read its code: answer from it now, without tools"
 REPEATED = (
     "this call was made before in this turn, and its result is above: answer from it now, "

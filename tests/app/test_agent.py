@@ -250,11 +250,12 @@ def test_tool_errors_go_back_to_the_model(tokenizer_path, repo, tmp_path):
 
 
 def test_fenced_and_malformed_calls_run_or_get_errors_that_say_what_exists(tokenizer_path, repo):
-    """As the real 0.5B writes them: a fenced call of a function of the repository (no
-    tool), then arguments the schema refuses, then a fenced call that runs."""
+    """As the real 0.5B writes them: a fenced call of a tool that does not exist (nor does
+    a function of that name), then arguments the schema refuses, then a fenced call that
+    runs."""
     fenced = '```json\n{{"name": "{}", "arguments": {}}}\n```'.format
     engine = scripted(tokenizer_path, [
-        fenced("add", '{"a": 1, "b": 2}'),
+        fenced("multiply", '{"a": 1, "b": 2}'),
         fenced("grep", '{"pattern": "def add", "path": "calc.py"}'),
         fenced("grep", '{"pattern": "def add"}'),
         "add returns a + b (calc.py:2).",
@@ -266,10 +267,10 @@ def test_fenced_and_malformed_calls_run_or_get_errors_that_say_what_exists(token
     unknown, bad, good = (s.calls[0] for s in result.steps)
     assert unknown.problem == "unknown_tool" and "the only tools are" in unknown.error
     assert "read_file(path: string" in unknown.error and "git_blame(" in unknown.error
-    # a way out: where the repository defines the name, as a call to copy
+    # a way out: how to find the name, as a call to copy
     assert (
-        '<tool_call>{"name": "read_file", "arguments": {"path": "calc.py", "start": 1, '
-        '"max_lines": 40}}</tool_call>' in unknown.error
+        'If multiply is a name in the text, find it with <tool_call>{"name": "grep", '
+        '"arguments": {"pattern": "multiply"}}</tool_call>' in unknown.error
     )
     assert bad.problem == "bad_arguments" and "unknown argument 'path'" in bad.error
     assert "grep(pattern: string, path_glob?: string" in bad.error
@@ -277,7 +278,7 @@ def test_fenced_and_malformed_calls_run_or_get_errors_that_say_what_exists(token
     assert "chapters" not in unknown.error  # only the tools this session was offered
     # the model saw each error, and its calls rendered back in the template's own format
     assert engine.prompt_text(1).count("the only tools are") == 1
-    assert '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}' in engine.prompt_text(1)
+    assert '<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 2}}' in engine.prompt_text(1)
     assert {k: v for k, v in result.usage.items() if k.startswith("tool_calls")} == {
         "tool_calls": 3,
         "tool_calls_parsed": 3,
@@ -556,3 +557,20 @@ def test_a_symbol_written_as_the_tool_name_runs_as_the_tool_its_arguments_fit(to
     TextOutput(io.StringIO(), err).end({**result.usage, "cached_tokens": 0, "ttft_s": 0.1,
                                         "prefill_tok_s": 1.0, "decode_tok_s": 1.0})  # fmt: skip
     assert "0 malformed, 2 run as the tool their arguments fit" in err.getvalue()
+
+
+def test_a_function_of_the_repository_called_as_a_tool_reads_its_definition(tokenizer_path, repo):
+    """The 1.5B calls the function it wants to show ("add" with add's own arguments, or
+    "Calc.add" with a made-up path): its definition is read instead, counted as repaired;
+    once its file was read, a second such call is told to answer instead."""
+    engine = scripted(tokenizer_path, [
+        call("add", a=1, b=2), call("Calc.add", file="calc.py:9", line=9), "add returns a + b.",
+    ])  # fmt: skip
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    read = result.steps[0].calls[0]
+    assert (read.name, read.repaired_from, read.error) == ("read_file", "add", None)
+    assert read.arguments == {"path": "calc.py", "start": 1, "max_lines": 40}
+    assert "return a + b" in read.result and read.label().endswith("(written as add)")
+    again = result.steps[1].calls[0]
+    assert again.name == "Calc.add" and "You have read its code" in again.error
+    assert result.usage["tool_calls_repaired"] == 1 and result.answer == "add returns a + b."
