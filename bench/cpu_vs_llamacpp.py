@@ -34,7 +34,7 @@ def gguf_file(model: str) -> Path:
     path = Path(model).expanduser()
     if path.is_file():
         return path
-    from engine import model_catalog
+    from engine.loading import model_catalog
 
     known = model_catalog.lookup(model)
     if known is None:

@@ -76,7 +76,7 @@ def resolve_source(model: str | os.PathLike | None) -> ModelSource:
     name = str(model)
     if name.startswith("dummy"):
         return _dummy_source(name)
-    from engine import model_catalog
+    from engine.loading import model_catalog
 
     known = model_catalog.lookup(name)
     if known is not None and not Path(name).exists():

@@ -22,7 +22,7 @@ def qwen_model() -> str | None:
     path = os.environ.get("AGENTCTX_TEST_QWEN_GGUF")
     if path:
         return path if os.path.isfile(path) else None
-    from engine import model_catalog
+    from engine.loading import model_catalog
 
     known = model_catalog.lookup(QWEN_NAME)
     return QWEN_NAME if known is not None and model_catalog.is_installed(known) else None

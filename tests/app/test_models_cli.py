@@ -16,7 +16,7 @@ import pytest
 
 from agentctx import model_install
 from agentctx.models import DEFAULT_MODEL, resolve_model
-from engine import model_catalog
+from engine.loading import model_catalog
 from tests.app.test_cli import agentctx, assert_one_line_error
 
 

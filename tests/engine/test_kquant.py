@@ -282,7 +282,7 @@ def qwen_gguf_files() -> list[Path]:
         if not Path(path).is_file():
             pytest.skip(f"AGENTCTX_TEST_QWEN_GGUF={path} is not a file")
         return [Path(path)]
-    from engine import model_catalog
+    from engine.loading import model_catalog
 
     known = model_catalog.lookup(QWEN)
     if known is None or not model_catalog.is_installed(known):

@@ -10,8 +10,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from engine import model_catalog  # noqa: E402
 from engine.errors import ModelLoadError, ModelNotFoundError  # noqa: E402
+from engine.loading import model_catalog  # noqa: E402
 from engine.loading.gguf_checkpoint import gguf_to_checkpoint  # noqa: E402
 from engine.loading.gguf_parts import open_buffer, sha256_of  # noqa: E402
 from tests.engine.test_gguf import _tiny_model, _write_gguf  # noqa: E402
