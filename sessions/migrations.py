@@ -130,3 +130,10 @@ def m001_initial(db: Database) -> None:
 def m002_session_title(db: Database) -> None:
     # A short human title (e.g. the first question), separate from the unique name.
     db.execute("alter table sessions add column title text")
+
+
+@migration
+def m003_message_token_ids(db: Database) -> None:
+    # The token ids an answer was generated as (JSON), so a follow-up's prompt can hold
+    # exactly them: re-tokenizing the text may give other ids, and the KV is of these.
+    db.execute("alter table messages add column token_ids text")

@@ -54,6 +54,7 @@ class Message:
     created: str
     # ttft_s, decode_tok_s, prompt_tokens, cached_tokens, ...
     timings: dict[str, Any] | None = None
+    token_ids: list[int] | None = None  # an answer's generated ids, when its text is them
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Message:
@@ -67,6 +68,7 @@ class Message:
             status=row["status"],
             created=row["created"],
             timings=_json(row["timings"], None),
+            token_ids=_json(row.get("token_ids"), None),
         )
 
 

@@ -182,6 +182,7 @@ class SessionStore:
         tokens: int | None = None,
         status: str = "complete",
         timings: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
     ) -> Message:
         _check(role, ROLES, "role")
         _check(status, STATUSES, "status")
@@ -196,8 +197,9 @@ class SessionStore:
             ).fetchone()
             cursor = self.db.execute(
                 "insert into messages (session_id, seq, role, content, tokens, status,"
-                " created, timings) values (?, ?, ?, ?, ?, ?, ?, ?)",
-                [session_id, seq, role, content, tokens, status, now, to_json(timings)],
+                " created, timings, token_ids) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [session_id, seq, role, content, tokens, status, now, to_json(timings)]
+                + [to_json(token_ids)],
             )
             self._touch(session_id, now)
             message_id = cursor.lastrowid
@@ -211,9 +213,10 @@ class SessionStore:
         status: str | None = None,
         tokens: int | None = None,
         timings: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
     ) -> Message:
         """Change the given fields only: a streamed answer is written as it grows, then
-        marked complete or interrupted."""
+        marked complete or interrupted (with the ids it was generated as, `token_ids`)."""
         changes: dict[str, Any] = {}
         if content is not None:
             changes["content"] = content
@@ -224,6 +227,8 @@ class SessionStore:
             changes["tokens"] = tokens
         if timings is not None:
             changes["timings"] = to_json(timings)
+        if token_ids is not None:
+            changes["token_ids"] = to_json(token_ids)
         with self.transaction():
             message = self.message(message_id)
             if changes:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sessions.migrations import MIGRATIONS
 from sessions.store import SessionStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,4 +96,4 @@ def test_processes_racing_to_create_a_new_database(tmp_path):
     with SessionStore(path) as store:
         assert len(store.list()) == 4
         rows = store.db.execute("select name from _migrations").fetchall()
-        assert [r[0] for r in rows] == ["m001_initial", "m002_session_title"]
+        assert [r[0] for r in rows] == list(MIGRATIONS)

@@ -10,11 +10,16 @@ from sessions.store import SessionStore
 def test_fresh_database_gets_all(tmp_path):
     db = Database(tmp_path / "x.db")
     assert migrate(db) == list(MIGRATIONS)
-    assert applied_migrations(db) == ["m001_initial", "m002_session_title"]
+    assert applied_migrations(db) == [
+        "m001_initial",
+        "m002_session_title",
+        "m003_message_token_ids",
+    ]
     assert {"sessions", "messages", "tool_calls", "manifests", "_migrations"} <= set(
         db.table_names()
     )
     assert "title" in db["sessions"].columns_dict
+    assert "token_ids" in db["messages"].columns_dict
     rows = list(db.query("select name, applied_at from _migrations order by rowid"))
     assert [r["name"] for r in rows] == list(MIGRATIONS)
     assert all(r["applied_at"] for r in rows)
@@ -56,7 +61,11 @@ def test_database_from_previous_schema_keeps_its_data(tmp_path):
         s = store.get("old")
         assert s.id == "s-000001" and s.title is None and s.message_count == 1
         assert store.messages(s.id)[0].content == "from the old days"
-        assert applied_migrations(store.db) == ["m001_initial", "m002_session_title"]
+        assert applied_migrations(store.db) == [
+            "m001_initial",
+            "m002_session_title",
+            "m003_message_token_ids",
+        ]
         # The new column works, and the old data can grow.
         assert store.set_title("old", "Old times").title == "Old times"
         assert store.add_message(s.id, "assistant", "still here").seq == 2

@@ -110,6 +110,25 @@ def test_messages_in_order_and_streaming_update(store):
         store.update_message(999_999, content="x")
 
 
+def test_an_answers_token_ids_are_kept_across_opens(tmp_path):
+    path = tmp_path / "sessions.db"
+    with SessionStore(path) as store:
+        s = store.create("/a", "repo", "m")
+        question = store.add_message(s.id, "user", "What does main do?")
+        answer = store.add_message(s.id, "assistant", "", status="interrupted")
+        assert question.token_ids is None and answer.token_ids is None
+        store.update_message(answer.id, content="It st")
+        assert store.message(answer.id).token_ids is None  # (a partial answer: none)
+        store.update_message(answer.id, content="It starts.", token_ids=[40, 8601, 13])
+        store.update_message(answer.id, status="complete")  # (others are left as they are)
+        pinned = store.add_message(s.id, "assistant", "Yes.", token_ids=[9520, 13])
+    with SessionStore(path) as store:
+        got = store.messages(s.id)
+        assert [m.token_ids for m in got] == [None, [40, 8601, 13], [9520, 13]]
+        assert got[1].content == "It starts." and got[1].status == "complete"
+        assert store.message(pinned.id).token_ids == [9520, 13]
+
+
 def test_add_message_touches_updated(store):
     a = store.create("/a", "repo", "m")
     m = store.add_message(a.id, "user", "hi")
