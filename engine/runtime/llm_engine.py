@@ -26,7 +26,7 @@ from engine.loading.loader import (
     read_config,
     resolve_source,
 )
-from engine.loading.quant import load_int4
+from engine.runtime.chat_ids import pinned_chat_ids
 from engine.runtime.engine_loop import EngineLoop
 from engine.runtime.requests import Completion, Stream
 from engine.sampling_params import SamplingParams
@@ -69,6 +69,8 @@ class Engine(EngineLoop):
         else:
             load_checkpoint_weights(net, source.path)
             if weights != "dense":
+                from engine.loading.quant import load_int4  # (CPU decode only: loaded when used)
+
                 fast = load_int4(net, source, dev, required=weights == "int4")
         tokenizer = load_tokenizer(source)
         engine = cls(net, cfg, tokenizer, config, dev, dt, name=source.name)
@@ -89,8 +91,13 @@ class Engine(EngineLoop):
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
     ) -> list[int]:
-        """The chat template's tokens; `tools` (JSON schemas) for templates that take them."""
+        """The chat template's tokens; `tools` (JSON schemas) for templates that take them.
+        A message with "token_ids" (an answer's generated ids) keeps exactly those ids in
+        place of its re-tokenized content (engine.runtime.chat_ids)."""
         extra = {"tools": tools} if tools else {}
+        pinned = pinned_chat_ids(self.tokenizer, messages, add_generation_prompt, extra)
+        if pinned is not None:
+            return pinned
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True, **extra
         )
