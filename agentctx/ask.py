@@ -16,10 +16,8 @@ from agentctx.packing import MAP_SHARE, PackedContext, pack_repository, summary_
 SYSTEM_PROMPT = (
     "You are agentctx, an assistant that answers questions about a code repository. "
     "The repository is given as a map of all its files (each with its classes and functions "
-    "as name:line), then the files most relevant to the question with line numbers, then the "
-    "definitions that best match the question. Answer from them, briefly. Name each function "
-    "or class you mean with the file and line that define it, as `name` (path:line), taken "
-    "from the numbered lines above."
+    "as name:line), then the files most relevant to the question with line numbers. Answer "
+    "from them, briefly, and cite files as path:line."
 )
 BOOK_SYSTEM_PROMPT = (
     "You are agentctx, an assistant that answers questions about a book. Chapters of the "
