@@ -127,10 +127,11 @@ def best_excerpts(
 
 
 def render_excerpt(chunk: _Chunk, lines: list[str], end: int) -> str:
-    """A "--- path:start-end name ---" header, then the numbered lines as the files show
-    them ("  12| code")."""
+    """A "--- name, path:start-end ---" header, then the numbered lines as the files show
+    them ("  12| code"). The name comes first, beside its place: the models copy the
+    header into their answers, and a bare path:line does not say which function it is."""
     width = len(str(end))
-    out = [f"--- {chunk.path}:{chunk.start}-{end} {chunk.name} ---"]
+    out = [f"--- {chunk.name}, {chunk.path}:{chunk.start}-{end} ---"]
     for number in range(chunk.start, end + 1):
         line = lines[number - 1]
         out.append(f"{number:>{width}}| {line}" if line else f"{number:>{width}}|")

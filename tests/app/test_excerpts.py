@@ -152,3 +152,10 @@ def test_chunks_cover_each_definition_up_to_the_next() -> None:
     # a class's chunk is its head: it ends before its first member's comment
     assert lines[reader.end - 1].strip() == "" and "size = 4" in lines[reader.end - 2]
     assert found[-1].end == len(lines)
+
+
+def test_each_excerpt_is_headed_by_its_name_beside_its_place(repo: Path) -> None:
+    packed = pack_repository(repo, "Which function tells UTF-8 from UTF-16?", count_words, 5_000)
+    first = packed.excerpts[0]
+    header = f"--- guess_encoding, textkit/codecs_util.py:{first.start}-{first.end} ---"
+    assert header in section(packed.text)
