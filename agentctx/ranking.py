@@ -76,7 +76,7 @@ BOILERPLATE_NAMES = frozenset(
     {
         "license", "licence", "copying", "notice", "unlicense", "authors", "code_of_conduct",
         "pull_request_template", "issue_template", "codeowners", "funding", "py.typed",
-        ".gitignore", ".gitattributes", ".editorconfig", ".dockerignore", ".mailmap",
+        ".gitignore", ".agentctxignore", ".gitattributes", ".editorconfig", ".dockerignore", ".mailmap",
         ".pre-commit-config", "manifest.in",
     }
 )  # fmt: skip

@@ -25,6 +25,8 @@ from tools.secrets import is_secret, secret_reason
 # Directories that are never source, even when nobody listed them in .gitignore.
 ALWAYS_SKIPPED = frozenset({".git", ".venv", "node_modules", "__pycache__"})
 PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+# Patterns, in gitignore's syntax, for what agentctx leaves out on top of .gitignore.
+AGENTCTX_IGNORE = ".agentctxignore"
 # A walk stops after this many files (`/` as the root would list millions); the packer
 # then ranks and reads those.
 MAX_WALKED = 100_000
@@ -93,7 +95,8 @@ def list_files(root: str | os.PathLike[str]) -> list[str]:
     listed = _git_listing(base)
     if listed is None:
         listed = _walk_listing(base)
-    return sorted(show_path(path) for path in set(listed) if _is_listable(base, path))
+    kept = _not_agentctx_ignored(base, set(listed))
+    return sorted(show_path(path) for path in kept if _is_listable(base, path))
 
 
 def head_commit(root: str | os.PathLike[str]) -> str | None:
@@ -230,6 +233,31 @@ def _walk_listing(base: Path) -> list[str]:
         if len(found) >= MAX_WALKED:
             break
     return found[:MAX_WALKED]
+
+
+def _not_agentctx_ignored(base: Path, listed: set[str]) -> list[str]:
+    """The paths that no .agentctxignore leaves out: gitignore's syntax, one file per
+    directory applying below it (the deepest with a matching pattern decides), on top of
+    what git ignores. Files that are not source to the reader but are tracked (fixtures,
+    generated code, vendored copies) go this way."""
+    folders = {""} | {rel.rsplit("/", 1)[0] for rel in listed if "/" in rel}
+    folders |= {f.rsplit("/", i)[0] for f in list(folders) for i in range(1, f.count("/") + 1)}
+    specs = {
+        folder: spec
+        for folder in folders
+        if (spec := _load_gitignore(base / folder / AGENTCTX_IGNORE)) is not None
+    }
+    if not specs:
+        return list(listed)
+    kept = []
+    for rel in listed:
+        parts = rel.split("/")
+        ancestors = ("/".join(parts[:depth]) for depth in range(1, len(parts)))
+        if any(_is_ignored(specs, folder, True) for folder in ancestors):
+            continue  # a directory pattern ("build/") leaves out all below it, as in git
+        if not _is_ignored(specs, rel, False):
+            kept.append(rel)
+    return kept
 
 
 def _load_gitignore(path: Path) -> pathspec.GitIgnoreSpec | None:

@@ -405,3 +405,11 @@ def test_a_plain_directory_with_gitignore_lines_git_cannot_use(tmp_path: Path, b
     write(tmp_path, "debug.log", "noise\n")
 
     assert paths(pack(tmp_path)) == ["main.py", ".gitignore"]  # (.gitignore: boilerplate)
+
+
+def test_files_an_agentctxignore_names_are_not_packed_nor_in_the_map(demo_repo: Path) -> None:
+    write(demo_repo, ".agentctxignore", "src/zeta.py\n")
+    packed = pack(demo_repo, "Where are the widgets frobnicated?")
+    assert "frobnicate" not in packed.text  # zeta.py's body
+    listed = [f.path for f in packed.files] + [o.path for o in packed.omitted]
+    assert "src/zeta.py" not in listed and "src/alpha.py" in listed

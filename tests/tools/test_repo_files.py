@@ -391,3 +391,37 @@ def test_a_walk_stops_after_max_walked_files(tmp_path, monkeypatch):
     for i in range(12):
         (tmp_path / f"f{i:02d}.txt").write_text("x\n")
     assert len(list_files(tmp_path)) == 5
+
+
+def _agentctx_ignore_tree(root: Path) -> None:
+    write(root, ".agentctxignore", "generated/\n*.snap\n!keep.snap\n")
+    write(root, "src/app.py", "print('app')\n")
+    write(root, "generated/api.py", "x = 1\n")
+    write(root, "src/generated/deep.py", "x = 2\n")  # "generated/" matches at any depth
+    write(root, "tests/a.snap", "snapshot\n")
+    write(root, "tests/keep.snap", "kept\n")
+    write(root, "docs/.agentctxignore", "drafts/\n/local.md\n")
+    write(root, "docs/drafts/wip.md", "wip\n")
+    write(root, "docs/local.md", "local\n")
+    write(root, "docs/sub/local.md", "not anchored here\n")
+
+
+AGENTCTX_KEPT = [
+    ".agentctxignore", "docs/.agentctxignore", "docs/sub/local.md", "src/app.py",
+    "tests/keep.snap",
+]  # fmt: skip
+
+
+def test_agentctxignore_leaves_files_out_of_a_git_listing(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    _agentctx_ignore_tree(root)
+    with git.Repo.init(root) as repo:  # tracked: git alone would list every file
+        repo.git.add("-A")
+        repo.index.commit("all", author=AUTHOR, committer=AUTHOR)
+    assert list_files(root) == AGENTCTX_KEPT
+
+
+def test_agentctxignore_leaves_files_out_of_a_plain_directory(tmp_path: Path) -> None:
+    root = tmp_path / "plain"
+    _agentctx_ignore_tree(root)
+    assert list_files(root) == AGENTCTX_KEPT
