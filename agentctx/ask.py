@@ -37,6 +37,7 @@ class TurnResult:
     usage: dict
     packed: PackedContext | None = None
     steps: list = field(default_factory=list)  # agentctx.agent.ToolStep: tool calls first
+    token_ids: list[int] | None = None  # the answer's generated ids, when its text is them
 
 
 def first_messages(packed: PackedContext, question: str, kind: str = "repo") -> list[dict]:
@@ -191,7 +192,8 @@ def run_turn(
             reuse = getattr(session, "last_reuse", None)
             if reuse is not None and reuse.diverged:
                 usage["diverged_at"] = reuse.common_tokens  # the template re-rendered a turn
-            return TurnResult(content, reason, usage, steps=steps)
+            ids = answer_ids(engine, stream, content) if reason != "cancelled" else None
+            return TurnResult(content, reason, usage, steps=steps, token_ids=ids)
         step = ToolStep(content, calls)
         earlier = [c for s in steps for c in s.calls]
         run_tools(root, step, output, step_no == max_steps - 1, names, fmt, earlier)
@@ -205,10 +207,24 @@ def run_turn(
     raise AssertionError("unreachable")  # the loop returns by step max_steps + 1
 
 
+def answer_ids(engine, stream, content: str) -> list[int] | None:
+    """The ids the answer was generated as, without the end-of-turn id that closed it,
+    when they decode to exactly its stored text (not so for a stop string's tokens or
+    a replaced text); else None."""
+    tokenizer, ids = getattr(engine, "tokenizer", None), list(getattr(stream, "token_ids", []))
+    if ids and ids[-1] in getattr(engine, "eos_token_ids", ()):
+        ids.pop()
+    if not ids or tokenizer is None or tokenizer.decode(ids, skip_special_tokens=True) != content:
+        return None
+    return ids
+
+
 def history_messages(store, session_id: str) -> list[dict]:
     """The stored turns as chat messages, to send again before a follow-up question:
     assistant steps that called tools come back with their calls and results, so the
-    template renders the conversation as the model saw it."""
+    template renders the conversation as the model saw it. An answer stored with its
+    generated ids carries them ("token_ids": engine.runtime.chat_ids), so the prompt holds
+    those ids, whose KV the session has, and not its text tokenized again."""
     from collections import defaultdict
 
     from agentctx.agent import ToolCallRecord, ToolStep, assistant_message, tool_messages
@@ -223,6 +239,8 @@ def history_messages(store, session_id: str) -> list[dict]:
             out += [assistant_message(step), *tool_messages(step)]
         elif m.content:
             out.append({"role": m.role, "content": m.content})
+            if m.token_ids and m.role == "assistant":
+                out[-1]["token_ids"] = m.token_ids
     return out
 
 

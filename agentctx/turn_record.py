@@ -87,13 +87,15 @@ class TurnRecord:
         self.added.append(answer.id)
 
     def finish(self, result, status: str):
-        """The answer's final text, token count, timings and status; returns the session."""
+        """The answer's final text, token count, timings, status and, when its text is
+        them, the ids it was generated as; returns the session."""
         self.store.update_message(
             self.answer_id,
             content=result.answer,
             tokens=result.usage.get("completion_tokens"),
             status=status,
             timings=result.usage,
+            token_ids=getattr(result, "token_ids", None),
         )
         self.answered = self.answered or bool(result.answer)
         return self.store.get(self.session.id)

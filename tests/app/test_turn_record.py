@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentctx.agent import ToolCallRecord, ToolStep
-from agentctx.ask import TurnResult
+from agentctx.ask import TurnResult, history_messages
 from agentctx.turn_record import TurnRecord, save_turn
 from sessions.store import SessionStore
 
@@ -58,6 +58,27 @@ def test_a_tool_step_is_stored_before_the_next_step_streams(store):
     ]
     (stored,) = store.tool_calls(record.session.id)
     assert stored.message_id == msgs[2].id and stored.result == "a.py:1: x = 1"
+
+
+def test_an_answers_generated_ids_are_stored_and_sent_again_with_it(store):
+    """The ids go with the final answer only; history_messages hands them to the engine,
+    which keeps them in the next prompt (engine.runtime.chat_ids)."""
+    record = start(store)
+    call = ToolCallRecord("grep", {"pattern": "x"}, result="a.py:1: x = 1")
+    record.step(ToolStep("Let me look.", [call], after="Now answer: What is x?"))
+    result = TurnResult("x is 1", "stop", {"completion_tokens": 4}, token_ids=[87, 318, 220, 16])
+    session = record.finish(result, "complete")
+    assert [m.token_ids for m in store.messages(session.id)] == [None] * 4 + [[87, 318, 220, 16]]
+    history = history_messages(store, session.id)
+    assert history[-1] == {
+        "role": "assistant",
+        "content": "x is 1",
+        "token_ids": [87, 318, 220, 16],
+    }
+    assert all("token_ids" not in m for m in history[:-1])
+    second = start(store, session, question="And y?")  # an answer without ids: its text only
+    record = second.finish(TurnResult("y is 2", "stop", {}), "complete")
+    assert history_messages(store, session.id)[-1] == {"role": "assistant", "content": "y is 2"}
 
 
 def test_a_name_taken_meanwhile_is_followed_up_not_refused(store):
