@@ -6,7 +6,6 @@ messages posted to the chat screen; the store is only touched on the main thread
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,92 +14,18 @@ from textual.app import App
 
 from agentctx.agent import DEFAULT_MAX_STEPS
 from agentctx.ask import TurnResult
+from agentctx.tui.errors import user_errors
+from agentctx.tui.outputs import Report, Silent, TurnOutput
 from agentctx.tui.screens import (
     AnswerUpdate,
     ChatScreen,
     LogMessage,
-    PrefillUpdate,
-    SessionsScreen,
-    ToolCalled,
     TurnFinished,
 )
+from agentctx.tui.slash_commands import SlashCommands
 from agentctx.tui.state import SessionService
 
-UPDATE_EVERY_S = 0.05  # at most 20 re-renders of a streaming answer per second
-
-HELP = """\
-**Commands**
-
-- `/new`: start a new session
-- `/sessions`: list sessions (Enter resume, r rename, d delete after a y / n question)
-- `/repo PATH`: the repository for the next new session
-- `/book FILE`: the next new session reads that book
-- `/export`: write this session to a .jsonl file in the current directory
-- `/model NAME`: load another model
-- `/context`: what this session's context holds
-- `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
-  repeat_penalty, seed (none: random again), steps (tool steps a turn may take)
-- `/help`: this list
-
-Esc cancels an answer; the partial answer is kept."""
-
-
 STORE_WAIT_MS = 2000  # how long the UI waits for a store another agentctx is writing
-
-
-def _errors() -> tuple[type[Exception], ...]:
-    from engine import EngineError
-    from sessions.errors import StoreError
-    from tools.errors import ToolError
-
-    return (EngineError, ToolError, StoreError)
-
-
-class _TurnOutput:
-    """Where agentctx.ask.run_turn reports a turn in the TUI: messages to the chat screen,
-    with the streaming answer throttled."""
-
-    def __init__(self, app: AgentApp, post: Callable[[Any], None]) -> None:
-        self.app, self.post = app, post
-        self.text_so_far, self.last, self.start = "", 0.0, time.perf_counter()
-
-    def info(self, line: str) -> None:
-        self.post(LogMessage(line))
-
-    def prefill(self, done: int, total: int) -> None:
-        rate = done / max(time.perf_counter() - self.start, 1e-6)
-        self.post(PrefillUpdate(done, total, rate))
-
-    def text(self, delta: str) -> None:
-        self.app.streaming = True
-        self.text_so_far += delta
-        now = time.perf_counter()
-        if now - self.last >= UPDATE_EVERY_S:
-            self.post(AnswerUpdate(self.text_so_far))
-            self.last = now
-
-    def tool_call(self, call) -> None:
-        if self.text_so_far:
-            self.post(AnswerUpdate(self.text_so_far))
-
-    def tool_result(self, call) -> None:
-        self.post(ToolCalled(call.label(), call.output, call.error is not None))
-        self.text_so_far, self.start = "", time.perf_counter()
-
-
-class _Silent:
-    def info(self, line: str) -> None:
-        pass
-
-
-class _Report:
-    """The `output` that packing writes its summary line to."""
-
-    def __init__(self, post: Callable[[Any], None]) -> None:
-        self.post = post
-
-    def info(self, line: str) -> None:
-        self.post(LogMessage(line))
 
 
 class AgentApp(App):
@@ -156,6 +81,7 @@ class AgentApp(App):
         self._cancel = False
         self.es = None  # the engine session (pinned KV) of the current session
         self.es_owner: str | None = None  # its stored session's id; None: not stored yet
+        self.commands = SlashCommands(self)
 
     @property
     def window(self) -> int | None:
@@ -197,7 +123,7 @@ class AgentApp(App):
         if self.session is not None:
             try:
                 history = self.sessions.history(self.session.id)  # store: main thread
-            except _errors() as e:  # deleted by another agentctx, say
+            except user_errors() as e:  # deleted by another agentctx, say
                 self._session_gone(e)
                 return
         self.chat.add_user(question)
@@ -220,11 +146,11 @@ class AgentApp(App):
                 book = self.kind == "book"
                 root = self.repo if book else str(resolve_root(self.repo or "."))
                 messages, packed = new_session_messages(
-                    engine, root, question, self.params, None, _Report(post), self.kind
+                    engine, root, question, self.params, None, Report(post), self.kind
                 )
             es = self._engine_session(engine, session, post)
             result, status = self._generate(engine, messages, root, kind, post, es)
-        except _errors() as e:
+        except user_errors() as e:
             post(LogMessage(str(e), "error"))
             post(TurnFinished(None, None, "error"))
             self._ui(self._idle)
@@ -250,7 +176,7 @@ class AgentApp(App):
             return self.es
         from agentctx.ask import open_engine_session
 
-        self.es, self.es_owner = open_engine_session(engine, session, _Report(post)), owner
+        self.es, self.es_owner = open_engine_session(engine, session, Report(post)), owner
         return self.es
 
     def _close_engine_session(self) -> None:
@@ -262,7 +188,7 @@ class AgentApp(App):
         if owner is not None and not es.busy:
             from agentctx.ask import save_kv
 
-            save_kv(es, owner, _Report(self.chat.post_message))
+            save_kv(es, owner, Report(self.chat.post_message))
         es.close()
 
     def _generate(
@@ -277,7 +203,7 @@ class AgentApp(App):
             if self._cancel:  # Esc came while packing or between steps
                 stream.cancel()
 
-        out = _TurnOutput(self, post)
+        out = TurnOutput(self, post)
         result = run_turn(
             engine, messages, self.params, out, root, kind, self.max_steps, started, es
         )
@@ -305,7 +231,7 @@ class AgentApp(App):
             self.session = self.sessions.save_turn(
                 session, root, self.model, messages, packed, result, status, kind
             )
-        except _errors() as e:
+        except user_errors() as e:
             # kept: stored before the next question (ask), so the store keeps the chat's turns
             self._unsaved = (session, root, messages, packed, result, status, kind)
             self.chat.add_line(f"could not store the turn: {e}; it is kept, to store before "
@@ -354,7 +280,7 @@ class AgentApp(App):
             self.chat.show_messages(
                 self.sessions.messages(self.session.id), self.sessions.tool_calls(self.session.id)
             )
-        except _errors() as e:
+        except user_errors() as e:
             self.chat.add_line(str(e), "error")
         else:
             self._use_session_model(self.session.model)
@@ -375,13 +301,13 @@ class AgentApp(App):
             s = self.sessions.rename(ref, name)
             if self.session is not None and self.session.id == s.id:
                 self.session = s
-        except _errors() as e:
+        except user_errors() as e:
             self.notify(str(e), severity="error")
 
     def delete_session(self, ref: str) -> None:
         try:
             s = self.sessions.delete(ref)
-        except _errors() as e:
+        except user_errors() as e:
             self.notify(str(e), severity="error")
             return
         from agentctx import kv_snapshots
@@ -404,76 +330,7 @@ class AgentApp(App):
     # -- slash commands -------------------------------------------------------------------
 
     def run_slash(self, line: str) -> None:
-        name, _, arg = line.partition(" ")
-        arg = arg.strip()
-        command = getattr(self, f"_cmd_{name[1:]}", None) if name[1:].isidentifier() else None
-        if command is None:
-            self.chat.add_line(f"unknown command {name}; /help lists them", "error")
-            return
-        if self.busy and name not in ("/help", "/context"):
-            self.chat.add_line(f"{name}: an answer is running; wait, or press Esc", "error")
-            return
-        command(arg)
-
-    def _cmd_help(self, arg: str) -> None:
-        self.chat.add_line(HELP, markdown=True)
-
-    def _cmd_new(self, arg: str) -> None:
-        self.new_session()
-
-    def _cmd_sessions(self, arg: str) -> None:
-        self.push_screen(SessionsScreen())
-
-    def _cmd_repo(self, arg: str) -> None:
-        from tools.repo_files import resolve_root
-
-        if not arg:
-            self.chat.add_line(f"repository: {self.repo or '.'}; /repo PATH changes it")
-            return
-        try:
-            self.repo = str(resolve_root(arg))
-        except (OSError, RuntimeError, *_errors()) as e:  # (~nosuchuser, a name too long)
-            self.chat.add_line(f"/repo: {e}", "error")
-            return
-        self.kind = "repo"
-        self.chat.add_line(f"new sessions read {self.repo}")
-        if self.session is None:
-            self._update_label()
-
-    def _cmd_book(self, arg: str) -> None:
-        import os
-
-        from tools.book import book_lines
-
-        if not arg:
-            self.chat.add_line("/book FILE: the next new session reads that book", "error")
-            return
-        try:
-            book_lines(arg)  # exists, one text file, not empty
-        except (OSError, RuntimeError, *_errors()) as e:  # (~nosuchuser, a name too long)
-            self.chat.add_line(f"/book: {e}", "error")
-            return
-        self.repo, self.kind = os.path.realpath(arg), "book"
-        self.new_session()
-        self.chat.add_line(f"new sessions read the book {self.repo}")
-
-    def _cmd_export(self, arg: str) -> None:
-        if self.session is None:
-            self.chat.add_line("nothing to export: this session has no stored turn yet", "error")
-            return
-        try:
-            path = self.sessions.export(self.session.id)
-        except (OSError, *_errors()) as e:
-            self.chat.add_line(f"export failed: {e}", "error")
-            return
-        self.chat.add_line(f"exported {self.session.id} to {path}")
-
-    def _cmd_model(self, arg: str) -> None:
-        if not arg:
-            self.chat.add_line(f"model: {self.model or '(default)'}; /model NAME changes it")
-            return
-        self.busy = True
-        self._load_model(arg)
+        self.commands.run(line)
 
     @work(thread=True, exclusive=True, group="turn")
     def _load_model(self, name: str) -> None:
@@ -490,58 +347,6 @@ class AgentApp(App):
             self.engine, self.model = engine, name
             post(LogMessage(f"model {name} loaded"))
         self._ui(self._idle)
-
-    def _cmd_set(self, arg: str) -> None:
-        import dataclasses
-
-        key, _, value = arg.partition(" ")
-        key = key.replace("-", "_")
-        if not key:
-            p = self.params
-            self.chat.add_line(
-                f"temperature {p.temperature} · top_p {p.top_p} · top_k {p.top_k} · "
-                f"max_tokens {p.max_tokens} · repeat_penalty {p.repetition_penalty} · "
-                f"seed {p.seed} · steps {self.max_steps}; /set NAME VALUE changes one"
-            )
-            return
-        names = {"repeat_penalty": "repetition_penalty", "steps": "max_steps"}
-        field_name = names.get(key, key)
-        kinds = {"temperature": float, "top_p": float, "repetition_penalty": float,
-                 "top_k": int, "max_tokens": int, "seed": int, "max_steps": int}  # fmt: skip
-        if field_name not in kinds:
-            self.chat.add_line(f"/set: unknown option {key}; options: {', '.join(kinds)}", "error")
-            return
-        try:
-            if field_name == "seed" and value.strip().lower() in ("none", "off"):
-                # back to a fresh random seed per answer
-                self.params = dataclasses.replace(self.params, seed=None)
-                self.chat.add_line(f"{key} = none")
-                return
-            number = kinds[field_name](value)
-            window = getattr(self.engine, "max_model_len", None)
-            if field_name == "max_steps":
-                if number < 0:
-                    raise ValueError("steps must be 0 or more")
-                self.max_steps = number
-            elif field_name == "max_tokens" and window and number >= window:
-                raise ValueError(f"must be less than the model's {window}-token window")
-            else:
-                self.params = dataclasses.replace(self.params, **{field_name: number})
-        except ValueError as e:
-            self.chat.add_line(f"/set {key}: {e}", "error")
-            return
-        self.chat.add_line(f"{key} = {number}")
-
-    def _cmd_context(self, arg: str) -> None:
-        if self.session is None:
-            self.chat.add_line("no context yet: the first question packs the repository")
-            return
-        try:
-            summary = self.sessions.context_summary(self.session.id)
-        except _errors() as e:
-            self._session_gone(e)
-            return
-        self.chat.add_line(summary, markdown=True)
 
     def _session_gone(self, error: Exception) -> None:
         """The current session cannot be read from the store (deleted by another agentctx,
@@ -560,7 +365,7 @@ class AgentApp(App):
         if es is not None and self.es_owner is not None and not es.busy:
             from agentctx.ask import save_kv
 
-            save_kv(es, self.es_owner, _Silent())  # on exit: the screen is gone
+            save_kv(es, self.es_owner, Silent())  # on exit: the screen is gone
         if es is not None:
             es.close()
         self.es = None

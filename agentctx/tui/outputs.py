@@ -1,0 +1,58 @@
+"""Where a TUI turn reports: the chat screen's messages, posted from the worker thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agentctx.tui.screens import AnswerUpdate, LogMessage, PrefillUpdate, ToolCalled
+
+UPDATE_EVERY_S = 0.05  # at most 20 re-renders of a streaming answer per second
+
+
+class TurnOutput:
+    """Where agentctx.ask.run_turn reports a turn in the TUI: messages to the chat screen,
+    with the streaming answer throttled."""
+
+    def __init__(self, app, post: Callable[[Any], None]) -> None:
+        self.app, self.post = app, post
+        self.text_so_far, self.last, self.start = "", 0.0, time.perf_counter()
+
+    def info(self, line: str) -> None:
+        self.post(LogMessage(line))
+
+    def prefill(self, done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - self.start, 1e-6)
+        self.post(PrefillUpdate(done, total, rate))
+
+    def text(self, delta: str) -> None:
+        self.app.streaming = True
+        self.text_so_far += delta
+        now = time.perf_counter()
+        if now - self.last >= UPDATE_EVERY_S:
+            self.post(AnswerUpdate(self.text_so_far))
+            self.last = now
+
+    def tool_call(self, call) -> None:
+        if self.text_so_far:
+            self.post(AnswerUpdate(self.text_so_far))
+
+    def tool_result(self, call) -> None:
+        self.post(ToolCalled(call.label(), call.output, call.error is not None))
+        self.text_so_far, self.start = "", time.perf_counter()
+
+
+class Silent:
+    def info(self, line: str) -> None:
+        pass
+
+
+class Report:
+    """The `output` that packing writes its summary line to."""
+
+    def __init__(self, post: Callable[[Any], None]) -> None:
+        self.post = post
+
+    def info(self, line: str) -> None:
+        self.post(LogMessage(line))

@@ -1,0 +1,158 @@
+"""The TUI's slash commands: /help, /new, /sessions, /repo, /book, /export, /model, /set,
+/context. Each acts through the app, which owns the state."""
+
+from __future__ import annotations
+
+from agentctx.tui.errors import user_errors
+from agentctx.tui.screens import SessionsScreen
+
+HELP = """\
+**Commands**
+
+- `/new`: start a new session
+- `/sessions`: list sessions (Enter resume, r rename, d delete after a y / n question)
+- `/repo PATH`: the repository for the next new session
+- `/book FILE`: the next new session reads that book
+- `/export`: write this session to a .jsonl file in the current directory
+- `/model NAME`: load another model
+- `/context`: what this session's context holds
+- `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
+  repeat_penalty, seed (none: random again), steps (tool steps a turn may take)
+- `/help`: this list
+
+Esc cancels an answer; the partial answer is kept."""
+
+
+class SlashCommands:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def run(self, line: str) -> None:
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        command = getattr(self, f"cmd_{name[1:]}", None) if name[1:].isidentifier() else None
+        if command is None:
+            self.app.chat.add_line(f"unknown command {name}; /help lists them", "error")
+            return
+        if self.app.busy and name not in ("/help", "/context"):
+            self.app.chat.add_line(f"{name}: an answer is running; wait, or press Esc", "error")
+            return
+        command(arg)
+
+    def cmd_help(self, arg: str) -> None:
+        self.app.chat.add_line(HELP, markdown=True)
+
+    def cmd_new(self, arg: str) -> None:
+        self.app.new_session()
+
+    def cmd_sessions(self, arg: str) -> None:
+        self.app.push_screen(SessionsScreen())
+
+    def cmd_repo(self, arg: str) -> None:
+        from tools.repo_files import resolve_root
+
+        if not arg:
+            self.app.chat.add_line(f"repository: {self.app.repo or '.'}; /repo PATH changes it")
+            return
+        try:
+            self.app.repo = str(resolve_root(arg))
+        except (OSError, RuntimeError, *user_errors()) as e:  # (~nosuchuser, a name too long)
+            self.app.chat.add_line(f"/repo: {e}", "error")
+            return
+        self.app.kind = "repo"
+        self.app.chat.add_line(f"new sessions read {self.app.repo}")
+        if self.app.session is None:
+            self.app._update_label()
+
+    def cmd_book(self, arg: str) -> None:
+        import os
+
+        from tools.book import book_lines
+
+        if not arg:
+            self.app.chat.add_line("/book FILE: the next new session reads that book", "error")
+            return
+        try:
+            book_lines(arg)  # exists, one text file, not empty
+        except (OSError, RuntimeError, *user_errors()) as e:  # (~nosuchuser, a name too long)
+            self.app.chat.add_line(f"/book: {e}", "error")
+            return
+        self.app.repo, self.app.kind = os.path.realpath(arg), "book"
+        self.app.new_session()
+        self.app.chat.add_line(f"new sessions read the book {self.app.repo}")
+
+    def cmd_export(self, arg: str) -> None:
+        if self.app.session is None:
+            self.app.chat.add_line(
+                "nothing to export: this session has no stored turn yet", "error"
+            )
+            return
+        try:
+            path = self.app.sessions.export(self.app.session.id)
+        except (OSError, *user_errors()) as e:
+            self.app.chat.add_line(f"export failed: {e}", "error")
+            return
+        self.app.chat.add_line(f"exported {self.app.session.id} to {path}")
+
+    def cmd_model(self, arg: str) -> None:
+        if not arg:
+            self.app.chat.add_line(
+                f"model: {self.app.model or '(default)'}; /model NAME changes it"
+            )
+            return
+        self.app.busy = True
+        self.app._load_model(arg)
+
+    def cmd_set(self, arg: str) -> None:
+        import dataclasses
+
+        key, _, value = arg.partition(" ")
+        key = key.replace("-", "_")
+        if not key:
+            p = self.app.params
+            self.app.chat.add_line(
+                f"temperature {p.temperature} · top_p {p.top_p} · top_k {p.top_k} · "
+                f"max_tokens {p.max_tokens} · repeat_penalty {p.repetition_penalty} · "
+                f"seed {p.seed} · steps {self.app.max_steps}; /set NAME VALUE changes one"
+            )
+            return
+        names = {"repeat_penalty": "repetition_penalty", "steps": "max_steps"}
+        field_name = names.get(key, key)
+        kinds = {"temperature": float, "top_p": float, "repetition_penalty": float,
+                 "top_k": int, "max_tokens": int, "seed": int, "max_steps": int}  # fmt: skip
+        if field_name not in kinds:
+            self.app.chat.add_line(
+                f"/set: unknown option {key}; options: {', '.join(kinds)}", "error"
+            )
+            return
+        try:
+            if field_name == "seed" and value.strip().lower() in ("none", "off"):
+                # back to a fresh random seed per answer
+                self.app.params = dataclasses.replace(self.app.params, seed=None)
+                self.app.chat.add_line(f"{key} = none")
+                return
+            number = kinds[field_name](value)
+            window = getattr(self.app.engine, "max_model_len", None)
+            if field_name == "max_steps":
+                if number < 0:
+                    raise ValueError("steps must be 0 or more")
+                self.app.max_steps = number
+            elif field_name == "max_tokens" and window and number >= window:
+                raise ValueError(f"must be less than the model's {window}-token window")
+            else:
+                self.app.params = dataclasses.replace(self.app.params, **{field_name: number})
+        except ValueError as e:
+            self.app.chat.add_line(f"/set {key}: {e}", "error")
+            return
+        self.app.chat.add_line(f"{key} = {number}")
+
+    def cmd_context(self, arg: str) -> None:
+        if self.app.session is None:
+            self.app.chat.add_line("no context yet: the first question packs the repository")
+            return
+        try:
+            summary = self.app.sessions.context_summary(self.app.session.id)
+        except user_errors() as e:
+            self.app._session_gone(e)
+            return
+        self.app.chat.add_line(summary, markdown=True)
