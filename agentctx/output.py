@@ -59,6 +59,11 @@ class TextOutput:
         elif not self.ended_line:
             self.out.write("\n")
             self.out.flush()
+        if usage.get("finish_reason") == "length":  # a cut answer must not read as whole
+            self.progress.line(
+                f"[the answer was cut at {usage.get('completion_tokens')} tokens, the "
+                "--max-tokens limit: ask again with a larger one for the rest]"
+            )
         if usage.get("prompt_tokens") is not None:
             self.progress.line(
                 f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "

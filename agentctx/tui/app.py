@@ -164,6 +164,10 @@ class AgentApp(App):
         post(TurnFinished(result.usage, engine.max_model_len, status))
         if status == "interrupted":
             post(LogMessage("interrupted; the partial answer is kept", "info"))
+        elif result.finish_reason == "length":  # a cut answer must not read as whole
+            tokens = result.usage.get("completion_tokens")
+            post(LogMessage(f"[the answer was cut at {tokens} tokens, the max_tokens limit: "
+                            "/set max_tokens N for longer answers]", "info"))  # fmt: skip
         if saved is not None:
             self._ui(self._update_label)
         self._ui(self._idle)

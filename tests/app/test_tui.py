@@ -428,3 +428,13 @@ async def test_a_turn_the_locked_store_refused_is_stored_before_the_next(engine,
             assert [u.rsplit("Question: ", 1)[-1] for u in users] == [
                 "What does add do?", "And multiply?", "And subtract?"
             ]  # fmt: skip
+
+
+async def test_an_answer_cut_by_max_tokens_ends_with_a_marker(engine, repo, store):
+    app = make_app(engine, repo, store, max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        usage = store.messages(app.session.id)[-1].timings
+        assert usage["completion_tokens"] == 4  # the tiny model does not stop by itself in 4
+        assert "[the answer was cut at 4 tokens, the max_tokens limit" in texts(app, LogLine)[-1]
