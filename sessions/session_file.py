@@ -105,6 +105,7 @@ def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> 
                 "status": m.status,
                 "created": m.created,
                 "timings": m.timings,
+                "token_ids": m.token_ids,
             }
         )
     for t in store.tool_calls(session.id):
@@ -337,9 +338,9 @@ def _insert(db: Any, data: SessionFile) -> None:
     for m in data.messages:
         cursor = db.execute(
             "insert into messages (session_id, seq, role, content, tokens, status,"
-            " created, timings) values (?, ?, ?, ?, ?, ?, ?, ?)",
+            " created, timings, token_ids) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [s["id"], m["seq"], m["role"], m["content"], m["tokens"], m["status"]]
-            + [m["created"], to_json(m["timings"])],
+            + [m["created"], to_json(m["timings"]), to_json(m.get("token_ids"))],
         )
         id_of[m["seq"]] = cursor.lastrowid
     for t in data.tool_calls:

@@ -27,7 +27,7 @@ COUNTED = ("messages", "tool_calls", "manifests", "kv_parts")
 _NONE = type(None)
 _STR, _OPT_STR = (str,), (str, _NONE)
 _INT, _OPT_INT = (int,), (int, _NONE)
-_DICT, _OPT_DICT, _LIST = (dict,), (dict, _NONE), (list,)
+_DICT, _OPT_DICT, _LIST, _OPT_LIST = (dict,), (dict, _NONE), (list,), (list, _NONE)
 
 # Per record type: field -> allowed JSON types. Every field is required except OPTIONAL.
 FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
@@ -49,6 +49,7 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "status": _STR,
         "created": _STR,
         "timings": _OPT_DICT,
+        "token_ids": _OPT_LIST,  # an answer's generated ids (from store migration m003)
     },
     "tool_call": {
         "message_seq": _OPT_INT,
@@ -68,7 +69,7 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "created": _STR,
     },
 }
-OPTIONAL = {("session", "title")}
+OPTIONAL = {("session", "title"), ("message", "token_ids")}
 
 # Fields that hold a time, written by the store as utc_now() does.
 TIMESTAMPS = {"created", "updated"}
@@ -187,6 +188,9 @@ def check_record(kind: str, obj: dict[str, Any], number: int) -> dict[str, Any]:
         record[name] = value
     if kind == "session":
         _check_session(record, number)
+    ids = record.get("token_ids") if kind == "message" else None
+    if ids is not None and not all(type(i) is int and 0 <= i <= INT_MAX for i in ids):
+        raise SessionFileError("message field 'token_ids' holds what is not a token id", number)
     return record
 
 

@@ -20,6 +20,7 @@ def _build(store: SessionStore) -> str:
         'Пьер Безухов — a count.\nSecond line, "quoted".',
         tokens=12,
         timings={"ttft_s": 0.2, "decode_tok_s": 40.0, "prompt_tokens": 3000, "cached_tokens": 0},
+        token_ids=[8413, 2015, 7, 0, 49151],
     )
     store.add_tool_call(s.id, "search", {"q": "Пьер"}, result="ch. 1", message_id=answer.id)
     store.add_tool_call(s.id, "read", {"path": "x"}, error="missing")
@@ -70,10 +71,22 @@ def test_round_trip(tmp_path):
         second = _export(b, session_id)
         messages = b.messages(session_id)
         assert messages[2].timings["decode_tok_s"] == 40.0
+        assert messages[2].token_ids == [8413, 2015, 7, 0, 49151]
+        assert [m.token_ids for m in messages[:2] + messages[3:]] == [None, None, None]
         calls = b.tool_calls(session_id)
         assert calls[0].message_id == messages[2].id and calls[1].message_id is None
         assert b.manifests(session_id)[0].message_id == messages[2].id
     assert _records(second) == _records(first)
+
+
+def test_a_file_written_before_token_ids_imports(tmp_path, good):
+    """Files exported before answers kept their ids have no token_ids field."""
+    lines = [_edit(line, token_ids=...) if '"token_ids"' in line else line for line in good]
+    assert not any("token_ids" in line for line in lines)
+    with SessionStore(tmp_path / "b.db") as b:
+        imported = import_session(b, io.StringIO("\n".join(lines) + "\n"))
+        assert [m.token_ids for m in b.messages(imported.id)] == [None] * 4
+        assert b.messages(imported.id)[2].content.startswith("Пьер")
 
 
 def test_import_refuses_an_existing_id_and_changes_nothing(tmp_path):
@@ -117,6 +130,26 @@ BAD = {
     "missing field": (lambda ls: [*ls[:3], _edit(ls[3], role=...), *ls[4:]], 4, "'role'"),
     "wrong type": (lambda ls: [*ls[:3], _edit(ls[3], seq="2"), *ls[4:]], 4, "'seq'"),
     "bad role": (lambda ls: [*ls[:3], _edit(ls[3], role="robot"), *ls[4:]], 4, "robot"),
+    "token ids not a list": (
+        lambda ls: [*ls[:4], _edit(ls[4], token_ids="1 2"), *ls[5:]],
+        5,
+        "'token_ids'",
+    ),
+    "a token id not an id": (
+        lambda ls: [*ls[:4], _edit(ls[4], token_ids=[1, "2"]), *ls[5:]],
+        5,
+        "token id",
+    ),
+    "a negative token id": (
+        lambda ls: [*ls[:4], _edit(ls[4], token_ids=[1, -2]), *ls[5:]],
+        5,
+        "token id",
+    ),
+    "a token id true": (
+        lambda ls: [*ls[:4], _edit(ls[4], token_ids=[True]), *ls[5:]],
+        5,
+        "token id",
+    ),
     "unknown type": (lambda ls: [*ls, '{"type": "mystery"}'], 10, "mystery"),
     "duplicate seq": (lambda ls: [*ls[:3], ls[3], *ls[3:]], 5, "seq"),
     "dangling seq": (lambda ls: [*ls, _edit(ls[6], message_seq=42)], 10, "42"),
