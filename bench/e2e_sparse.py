@@ -113,6 +113,7 @@ def prompts_for(n: int, batch: int, vocab: int) -> list[list[int]]:
 
 def run_ours(args, mode: str) -> list[dict]:
     from agentctx.kv_snapshots import parse_size
+    from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
     from engine import Engine
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -126,14 +127,17 @@ def run_ours(args, mode: str) -> list[dict]:
                               forecast="off" if args.prefetch == ["off"] else "free")  # fmt: skip
     pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
     cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
-                       max_num_batched_tokens=min(window, args.chunk),
-                       skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
+                       max_num_batched_tokens=min(window, args.chunk))  # fmt: skip
     capped = mode == "sparse" and torch.cuda.is_available()
     if capped:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
     torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
     engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    if args.skip_prefill_attention:
+        skip_prefill_attention(engine)
+    # the synthetic selections (one scorer: what each row read carries over between variants)
+    synthetic = None if engine.runner.tiers is None else SyntheticScorer(engine.runner.tiers, 0.0)
     prompts = prompts_for(n, b, engine.model_config.vocab_size)
     timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
     rows = []
@@ -146,20 +150,22 @@ def run_ours(args, mode: str) -> list[dict]:
     for variant, prefetch, programs, priority in runs:
         tiers = engine.runner.tiers
         if tiers is not None:
-            tiers.sparse.synthetic = {"quest": None, "realistic": args.locality,
-                                      "recurring": args.locality, "worst": 0.0}[variant]  # fmt: skip
-            tiers.sparse.synthetic_recurring = args.recurring if variant == "recurring" else 0.0
+            keep = {"quest": None, "realistic": args.locality, "recurring": args.locality,
+                    "worst": 0.0}[variant]  # fmt: skip
+            synthetic.keep = keep
+            synthetic.recurring = args.recurring if variant == "recurring" else 0.0
             # prefetch: the training-free Forecast on the real path; on the synthetic
             # selections a simulated predictor at its measured recall, or the oracle
             tiers.sparse.forecast = "off" if prefetch == "off" else "free"
             # "auto": the forecast prefetch only while steps need much from the host;
             # "timed": then only if steps timed both ways run faster with it
             tiers.sparse.prefetch_policy = prefetch if prefetch in ("auto", "timed") else "always"
-            tiers.policy_reset()
-            tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else args.forecast_recall
+            tiers.policy.reset()
+            synthetic.recall = 1.0 if prefetch == "oracle" else args.forecast_recall
             tiers.sparse.prefetch_programs = programs
             tiers.sparse.prefetch_high_priority = priority == "high"
-            engine.runner.reset_graphs()  # the selection path is part of the graph
+            # (the graphs are captured again: the selection path is part of them)
+            use_scorer(engine, None if keep is None else synthetic)
             # capture this variant's graph at this length (the first variant: the prefill)
             # ("timed": long enough for its first trial, 2 + 8 steps each way, to decide)
             warm = timed_decode(engine, prompts, 4 if prefetch != "timed" else 32)

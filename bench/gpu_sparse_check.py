@@ -74,27 +74,33 @@ def main() -> None:
 def graphs_check(load, prompts, params, budget_bytes, expected) -> None:
     import torch
 
-    for name, sparse in (
-        ("20% budget, tiny tier", dict(budget_fraction=0.2)),
-        ("synthetic worst case", dict(budget_fraction=0.2, synthetic=0.0)),
-    ):
+    from bench.scorers import SyntheticScorer, use_scorer
+
+    def load_with(sparse, keep, graphs=False):
+        engine = load(sparse, graphs=graphs)
+        if keep is not None:  # synthetic selections: each page kept with probability `keep`
+            use_scorer(engine, SyntheticScorer(engine.runner.tiers, keep=keep))
+        return engine
+
+    for name, keep in (("20% budget, tiny tier", None), ("synthetic worst case", 0.0)):
         from engine.kv import SparseConfig
 
-        eager = load(SparseConfig(**sparse, gpu_kv_budget=budget_bytes))
+        sparse = dict(budget_fraction=0.2)
+        eager = load_with(SparseConfig(**sparse, gpu_kv_budget=budget_bytes), keep)
         torch.manual_seed(0)
         a = [c.token_ids for c in eager.generate(prompts, params)]
-        graphed = load(SparseConfig(**sparse, gpu_kv_budget=budget_bytes), graphs=True)
+        graphed = load_with(SparseConfig(**sparse, gpu_kv_budget=budget_bytes), keep, graphs=True)
         torch.manual_seed(0)
         t = time.perf_counter()
         b = [c.token_ids for c in graphed.generate(prompts, params)]
         dt = time.perf_counter() - t
         st = graphed.runner.tiers.stats
-        same = a == b if sparse.get("synthetic") is None else len(b) == len(a)
+        same = a == b if keep is None else len(b) == len(a)
         print(f"[{'ok' if same else 'FAIL'}] {name}: CUDA graphs ({len(graphed.runner.graphs)} "
               f"captured) {'==' if a == b else '!='} eager; {dt:.2f} s; fetch "
               f"{st.fetch_fraction:.1%}, evicted {st.evicted}, locality {st.locality:.1%}, "
               f"steps {st.steps}")  # fmt: skip
-        if sparse.get("synthetic") is None:
+        if keep is None:
             print(f"    vs the unlimited tier: {'ok' if b == expected else 'FAIL'}")
     prefetch_checks(load, prompts, params, budget_bytes, expected)
 

@@ -134,6 +134,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
+    from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
     from engine import Engine
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -143,23 +144,26 @@ def main() -> None:
     sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
                           forecast="free")  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
-                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192,
-                       skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
+                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192)  # fmt: skip
     if args.device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
     engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    if args.skip_prefill_attention:
+        skip_prefill_attention(engine)
     prompts = prompts_for(n, 1, engine.model_config.vocab_size)
     timed_decode(engine, [p[:512] for p in prompts], 4)
     tiers, runner = engine.runner.tiers, engine.runner
-    tiers.sparse.synthetic = {"quest": None, "realistic": 0.85, "worst": 0.0}[args.variant]
+    keep = {"quest": None, "realistic": 0.85, "worst": 0.0}[args.variant]
+    synthetic = None if keep is None else SyntheticScorer(tiers, keep)
     rows = []
     for prefetch in args.prefetch:
         tiers.sparse.forecast = "off" if prefetch == "off" else "free"
-        tiers.sparse.synthetic_recall = 1.0 if prefetch == "oracle" else 0.92
+        if synthetic is not None:
+            synthetic.recall = 1.0 if prefetch == "oracle" else 0.92
         tiers.sparse.prefetch_programs = args.prefetch_programs
         tiers.sparse.prefetch_high_priority = args.prefetch_priority == "high"
-        runner.reset_graphs()
+        use_scorer(engine, synthetic)  # (and the graphs captured again)
         timed_decode(engine, prompts, 4)  # prefill (first time) and graph capture
         graph = timed_decode(engine, prompts, args.new_tokens)
         graphs, runner.use_graphs = runner.use_graphs, False

@@ -112,9 +112,8 @@ class Runner:
         """Dense (None) or a sparse config for the next steps; stats and locality reset."""
         self.runner.tiers = None if cfg is None else self.tiers
         if cfg is not None:
-            self.tiers.sparse = cfg
+            self.tiers.reconfigure(cfg)
             self.tiers.reset_stats()
-            self.tiers._gen.manual_seed(cfg.seed)
 
     def rebuild_summary(self, n_prompt: int) -> None:
         """The prompt's last page may be partial: drop rows a previous run appended after
@@ -129,9 +128,9 @@ class Runner:
         units = torch.arange(t.Hkv) + page * t.Hkv
         t.drop_pages([page])  # its stale slots, every layer
         for layer in range(t.L):
-            reset_summaries(t.summ[layer], units)
+            reset_summaries(t.selection.summ[layer], units)
             k = t.host[layer, page, :, 0, :rows].float()  # [Hkv, rows, D]
-            s = t.summ[layer]
+            s = t.selection.summ[layer]
             s[units, 0], s[units, 1], s[units, 2] = k.amin(1), k.amax(1), k.sum(1)
 
 
@@ -163,7 +162,7 @@ def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: lis
             st = run.tiers.stats
             row.update(locality=st.locality, pages_per_step=st.selected / max(st.steps, 1) / 3)
             if cfg.forecast != "off":
-                by_layer = run.tiers.recall_by_layer.tolist()
+                by_layer = run.tiers.prefetcher.recall_by_layer.tolist()
                 row.update(recall=st.recall, prefetch_hits=st.prefetch_hits,
                            prefetch_waste=st.prefetch_waste, demand_fetched=st.demand_fetched,
                            recall_by_layer=[h / t if t else None for h, t in by_layer])  # fmt: skip
@@ -210,6 +209,7 @@ def passkey(engine, text_ids: list[int], n_ctx: int, positions: int, rows: list)
 
 
 def main() -> None:
+    from bench.scorers import keep_all_summaries
     from engine import Engine
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -227,10 +227,10 @@ def main() -> None:
     args = ap.parse_args()
     global FORECAST, ONLY
     FORECAST, ONLY = args.forecast, args.only
-    # all three summary rows, so that each config can pick Quest or mean scores
-    sparse = SparseConfig(budget_fraction=1.0, keep_all_summaries=True, forecast="free")
+    sparse = SparseConfig(budget_fraction=1.0, forecast="free")
     cfg = EngineConfig(sparse=sparse, max_num_batched_tokens=512)
     engine = Engine.load(None, device="cpu", weights=args.weights, config=cfg)
+    keep_all_summaries(engine)  # all three summary rows: each config picks Quest or mean
     text = BOOK.read_text(encoding="utf-8")[200_000:]  # past the front matter
     text_ids = engine.encode(text)[: args.tokens + args.scored + 8]
     ppl, keys = [], []

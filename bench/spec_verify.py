@@ -140,6 +140,7 @@ def main() -> None:
     if args.select_method:
         page_score._fastest_method = lambda *a, **kw: args.select_method
     from agentctx.kv_snapshots import parse_size
+    from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
     from engine import Engine, SamplingParams, verify_graphs
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -151,16 +152,17 @@ def main() -> None:
     # (simulated on the synthetic selections: query 0's pages, each predicted with the
     # training-free Forecast's measured recall, or all of them for the oracle)
     sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
-                          synthetic=0.85, synthetic_recurring=args.recurring,
-                          forecast="off" if args.prefetch == "off" else "free",
-                          synthetic_recall=1.0 if args.prefetch == "oracle" else 0.92)  # fmt: skip
+                          forecast="off" if args.prefetch == "off" else "free")  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=bmax, sparse=sparse,
-                       num_pages=-(-window // 16) + 32 * bmax + 64, max_num_batched_tokens=8192,
-                       skip_prefill_attention=args.skip_prefill_attention)  # fmt: skip
+                       num_pages=-(-window // 16) + 32 * bmax + 64, max_num_batched_tokens=8192)  # fmt: skip
     if args.device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
     engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    if args.skip_prefill_attention:
+        skip_prefill_attention(engine)
+    use_scorer(engine, SyntheticScorer(engine.runner.tiers, keep=0.85, recurring=args.recurring,
+                                       recall=1.0 if args.prefetch == "oracle" else 0.92))  # fmt: skip
     prompt = prompts_for(n, 1, engine.model_config.vocab_size)[0]
     runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
     runner.verify_graphs = args.graphs and runner.use_graphs

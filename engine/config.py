@@ -112,11 +112,13 @@ class EngineConfig:
     sparse: object | None = None
     # speculative decoding (engine.spec.decoder.SpecConfig); None: off
     speculate: object | None = None
-    # benchmarks with dummy weights only: prefill steps write their KV (host tier, page
-    # summaries) but attend to nothing (the attention output is zeros), so a 500K-token
-    # context is built in seconds instead of minutes of causal attention; decode steps are
-    # unchanged, and with dummy weights the KV's values mean nothing either way
-    skip_prefill_attention: bool = False
+    # verifications in CUDA graphs (the tiered cache on a GPU: its attention needs no host
+    # lists); checked against eager on the H200 (bench.gpu_verify_check: same logits, same
+    # speculative tokens). False: verify eagerly
+    verify_graphs: bool = True
+    # the GPU tier's slot allocation on a GPU (kernels.tier_alloc): "triton" (its kernels)
+    # or "torch" (their reference, the CPU's path)
+    tier_alloc: str = "triton"
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
@@ -125,3 +127,5 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.tier_alloc not in ("triton", "torch"):
+            raise ValueError(f"tier_alloc must be triton or torch, got {self.tier_alloc!r}")

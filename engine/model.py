@@ -80,6 +80,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
+        # the attention over the paged cache (prefill, and dense decode); a benchmark may
+        # put another in its place (bench.scorers: prefill without attention)
+        self.paged_attention = paged_attention
 
     def rotated_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q [T, Hq, D], k and v [T, Hkv, D] of x [T, hidden], q and k rotated, written
@@ -118,9 +121,8 @@ class Attention(nn.Module):
                 )  # fmt: skip
                 o = o.reshape(T, self.q_size)
                 return row_exact(self.o_proj, o) if exact else self.o_proj.forward(o)
-        if ctx.skip_attention:  # (benchmarks: EngineConfig.skip_prefill_attention)
-            return self.o_proj.forward(q.new_zeros(T, self.q_size))
-        o = paged_attention(q, k, v, kv, ctx, self.scale, self.layer_idx).reshape(T, self.q_size)
+        o = self.paged_attention(q, k, v, kv, ctx, self.scale, self.layer_idx)
+        o = o.reshape(T, self.q_size)
         return row_exact(self.o_proj, o) if exact else self.o_proj.forward(o)
 
 

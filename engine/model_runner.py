@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -49,9 +48,12 @@ class ModelRunner(VerifyGraphs):
         self.tiers = None
         if engine_cfg.sparse is not None:
             from engine.kv import TieredKV
+            from engine.kv.residency import SlotAllocator
 
-            self.tiers = TieredKV(cfg, self.kv.pool, self.page_size, engine_cfg.sparse, device)
-            self.tiers.forecast = make_forecast(model, engine_cfg.sparse)
+            allocator = SlotAllocator(kernels=engine_cfg.tier_alloc == "triton")
+            self.tiers = TieredKV(self.kv.pool, self.page_size, engine_cfg.sparse, device,
+                                  forecast=make_forecast(model, engine_cfg.sparse),
+                                  allocator=allocator)  # fmt: skip
         # decode graphs by batch size; with the tiered cache by (batch size, page budget),
         # captured when first needed (the budget grows with the context)
         self.graphs: dict[int | tuple, torch.cuda.CUDAGraph] = {}
@@ -60,17 +62,12 @@ class ModelRunner(VerifyGraphs):
             engine_cfg.cuda_graphs
             and device.type == "cuda"
             and cfg.rope_type != "dynamic"
-            # the oracle and the stochastic tail go back to the host each step
-            and not (sp is not None and (sp.oracle or sp.tail_pages))
+            # the stochastic tail goes back to the host each step
+            and not (sp is not None and sp.tail_pages)
         )
         self.graph_sizes = self._graph_sizes() if self.use_graphs else []
-        # verification in CUDA graphs (tiered cache only: its attention needs no host lists);
-        # checked against eager on the H200 (bench.gpu_verify_check: same logits, same
-        # speculative tokens); AGENTCTX_VERIFY_GRAPHS=0 verifies eagerly
-        self.verify_graphs = (
-            self.use_graphs and self.tiers is not None
-            and os.environ.get("AGENTCTX_VERIFY_GRAPHS", "1") != "0"
-        )  # fmt: skip
+        # verification in CUDA graphs (EngineConfig.verify_graphs; tiered cache only)
+        self.verify_graphs = self.use_graphs and self.tiers is not None and engine_cfg.verify_graphs
         # per key, the graphs one verification replays in order (engine.verify_graphs)
         self.vgraphs: dict[tuple[int, int, int], list[torch.cuda.CUDAGraph]] = {}
         self.vgraph_logits: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -162,7 +159,7 @@ class ModelRunner(VerifyGraphs):
         # the argmax buffer
         self.token_host[turn][: key_size(key)].copy_(self.graph_argmax[key], non_blocking=True)
         if self.tiers is not None:
-            self.tiers.policy_read(turn)  # (read back with the tokens)
+            self.tiers.policy.read(turn)  # (read back with the tokens)
         self.token_events[turn].record()
         return turn, [it.seq.seq_id for it in out.scheduled], prefetched
 
@@ -173,7 +170,7 @@ class ModelRunner(VerifyGraphs):
         start, end = self.step_events[turn]
         self.last_step_gpu_ms = start.elapsed_time(end)
         if self.tiers is not None:
-            self.tiers.policy_update(turn, self.last_step_gpu_ms, prefetched, len(seq_ids))
+            self.tiers.policy.update(turn, self.last_step_gpu_ms, prefetched, len(seq_ids))
         return dict(zip(seq_ids, tokens, strict=True))
 
     @torch.inference_mode()
@@ -204,9 +201,9 @@ class ModelRunner(VerifyGraphs):
         generated = [item.seq.completion_token_ids for item in sampling]
         tokens = sample(logits[: len(sampling)].float(), params, gens, generated)
         if self.tiers is not None and all(q == 1 for q in query_lens):  # decode steps only
-            self.tiers.policy_read(wait=True)  # (the tokens are on the host: the step is done)
+            self.tiers.policy.read(wait=True)  # (the tokens are on the host: the step is done)
             ms = 1000 * (time.perf_counter() - t0)
-            self.tiers.policy_update(0, ms, prefetched, len(query_lens))
+            self.tiers.policy.update(0, ms, prefetched, len(query_lens))
         return {item.seq.seq_id: tok for item, tok in zip(sampling, tokens, strict=True)}
 
     @torch.inference_mode()
@@ -284,7 +281,6 @@ class ModelRunner(VerifyGraphs):
         )
         n = query_lens[0]
         decode = (n == 1 or verify) and all(q == n for q in query_lens)  # decode or verify
-        ctx.skip_attention = self.engine_cfg.skip_prefill_attention and not decode
         if self.tiers is not None:
             ctx.tiers = self.tiers
             self.tiers.end_step(max(kv_lens))

@@ -35,7 +35,6 @@ class StepContext:
     # a verification (speculative decoding): each query token must compute exactly what a
     # single-token decode step at its position would (row_exact in engine.model)
     verify: bool = False
-    skip_attention: bool = False  # EngineConfig.skip_prefill_attention on a prefill step
     # called with each layer's index after the layer (a verification graph's capture ends
     # one graph and begins the next there: engine.verify_graphs)
     layer_hook: object | None = None

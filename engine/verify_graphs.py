@@ -188,7 +188,7 @@ class VerifyGraphs:
         def split(layer: int) -> None:  # (after `layer`: end this graph, begin the next)
             if layer not in cuts:
                 return
-            if any(e is not None for e in tiers._pending.values()):
+            if any(e is not None for e in tiers.prefetcher.pending.values()):
                 return  # (a prefetch forked for the next layer: not a place to cut)
             graphs[-1].capture_end()
             graphs.append(torch.cuda.CUDAGraph())

@@ -12,44 +12,39 @@ are scratch entries):
 - claim [U + 1] int64: a scratch table, NO_CLAIM everywhere between calls: the first
   entry that lists a unit owns it (an atomic min: the same owner on any device, in any
   program order; the reference takes the same one);
-- counters: engine.kv.tiers' _acc, with the indices of the counts this call adds.
+- clock [] int64: the current decode step;
+- counters: the tiered cache's device counters, with the indices of the counts it adds.
 
 A slot's value for eviction is an int32: its recency (the last read's step relative to
 the current one, over the last RECENCY_STEPS steps; older and free slots: 0) * 2^20 +
 min(uses, 2^20 - 1): free slots first, then the oldest last read, then the fewest reads;
-the slots the step reads are protected (the int32 maximum). Int32, not int64: the victims'
-top-k over every slot is then 4 radix passes, not 8 (it took 87 us per layer with int64
-values at 20,481 slots on the H200, as long as the page selection).
+the slots the step reads are protected (the int32 maximum). Int32: the victims' top-k is 4
+radix passes, not 8 (87 us per layer with int64 at 20,481 slots on the H200).
 
-Kernels (`allocate` with triton; the reference is the same in ~45 torch ops):
+Kernels (`allocate_triton`; `allocate_reference` is the same in ~45 torch ops; which one a
+step runs, and the fallback for a Triton that cannot build the victims kernels, is the
+engine's choice: engine.kv.residency):
 1. `_value_kernel`: each slot's value; the scratch slot protected;
 2. `_resolve_kernel` (per entry): its unit and current slot, its claim on the unit, the
    protection of the slot it reads, its locality hit (read at the step before);
 3. `_owner_kernel` (per entry): whether it fetches (its unit's first listing, missing), and
    a cumsum of those (the owners' ranks; the last: their count m);
 4. the victims, `victims_triton`: the m least valuable slots (ties: the lowest), in slot
-   order, from a radix select over chunks of 1,024 slots, one program each: 4 byte-wide
-   histogram rounds (`_victims_hist_kernel`, each program deriving the threshold so far from
-   the earlier rounds' global histogram), then a count and a write pass. torch.topk of n
-   sorted took ~49 us per layer at 20,481 slots on the H200; the same select in
-   one program took 102 us (one SM for 20K values). Then `_assign_kernel` (per
-   entry): the r-th owner takes the r-th victim, evicts its unit, updates both tables,
-   writes the fetch list;
+   order, from a radix select over chunks of 1,024 slots, one program each (4 byte-wide
+   histogram rounds, `_victims_hist_kernel`, then a count and a write pass; torch.topk of
+   n sorted took ~49 us per layer at 20,481 slots on the H200, the same select in one
+   program 102 us). Then `_assign_kernel` (per entry): the r-th owner takes the r-th
+   victim, evicts its unit, updates both tables, writes the fetch list;
 5. the UVA gather (kernels.uva_gather);
 6. `_finish_kernel` (per entry): the final slots, and each read slot's recency and count.
-The torch version of a layer took ~50 kernels; this takes 15.
-
-Status: the kernels match the reference bit for bit in the Triton interpreter and on the
-H200 (tests/kernels/test_tier_alloc.py; bench.gpu_sparse_check and bench.e2e_sparse, where
-the graph and tier checks also pass with them in the engine and 128K decode went from 43.9
-to 58.2 tok/s), so they are the engine's path on GPUs; AGENTCTX_TIER_ALLOC_KERNELS=0 takes
-the reference.
+The torch version of a layer took ~50 kernels; this takes 15. Status: the kernels match the reference bit for bit in the Triton interpreter and on the
+H200 (tests/kernels/test_tier_alloc.py; in the engine 128K decode went from 43.9 to 58.2
+tok/s, bench.e2e_sparse), so they are the engine's path on GPUs.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +54,6 @@ from kernels.uva_gather import GATHER_PROGRAMS, NOT_STAGED, gather_pages
 
 NEVER = torch.iinfo(torch.int32).max  # a protected slot's value
 NO_CLAIM = torch.iinfo(torch.long).max
-# on a GPU, the kernels unless asked not to (AGENTCTX_TIER_ALLOC_KERNELS=0: the reference)
-GPU_KERNELS = os.environ.get("AGENTCTX_TIER_ALLOC_KERNELS", "1") != "0"
 USES_BITS = 20
 RECENCY_STEPS = (1 << 11) - 2  # steps of recency a value tells apart (31 bits in all)
 VICTIMS_CHUNK = 1024  # slots per program of the victims' radix select
@@ -74,9 +67,11 @@ class LayerState:
     uses: torch.Tensor  # [S + 1] int64
     host_units: torch.Tensor  # [U + 1, 2, P, D]: the host tier (pinned on a GPU run)
     slots: torch.Tensor  # [S + 1, 2, P, D]: the GPU tier
+    claim: torch.Tensor  # [U + 1] int64, NO_CLAIM between calls (shared by every layer)
+    clock: torch.Tensor  # [] int64: the decode step (shared by every layer)
 
     @property
-    def scratch_slot(self) -> int:
+    def scratch_slot(self) -> int:  # (the last entries are scratch)
         return self.unit_in.shape[0] - 1
 
     @property
@@ -253,30 +248,21 @@ if HAS_TRITON:
         tl.atomic_add(USES + slot, tl.full([BLOCK], 1, tl.int64), mask=real)
 
 
-def allocate(
-    st: LayerState,
-    units: torch.Tensor,
-    valid: torch.Tensor,
-    claim: torch.Tensor,
-    clock: torch.Tensor,
-    acc: torch.Tensor,
-    counters: dict[str, int],
-    use_triton: bool | None = None,
-    stage: tuple[torch.Tensor, torch.Tensor] | None = None,
-    before_gather=None,
-) -> torch.Tensor:
+def allocate_triton(st: LayerState, units: torch.Tensor, valid: torch.Tensor, acc: torch.Tensor,
+                    counters: dict[str, int], stage: tuple | None = None,
+                    before_gather: Callable[[], None] | None = None,
+                    victims: Callable | None = None) -> torch.Tensor:  # fmt: skip
     """Make `units` [n] int64 resident where `valid` [n] bool (the others read the scratch
     slot). Returns their slots [n] int32.
     `counters`: the indices in `acc` of fetched, evicted, demand_fetched, locality_hits
-    and locality_total (and prefetch_hits, prefetch_waste with a stage). `stage`: (rows [R, 2, P, D], stage_of [U + 1] int32) of units a Forecast prefetch has
-    already copied to the device (kernels.uva_gather): those fill their slots from there,
-    and count as prefetch hits instead of fetches. `before_gather`: called just before the
-    first read of the stage (the wait for the prefetch's stream), so everything before it
-    runs beside the prefetch."""
-    on = use_triton if use_triton is not None else (units.is_cuda and GPU_KERNELS)
-    if not (HAS_TRITON and on):
-        return allocate_reference(st, units, valid, claim, clock, acc, counters, stage,
-                                  before_gather)  # fmt: skip
+    and locality_total (and prefetch_hits, prefetch_waste with a stage). `stage`: (rows
+    [R, 2, P, D], stage_of [U + 1] int32) of units a Forecast prefetch has already copied
+    to the device (kernels.uva_gather): those fill their slots from there, and count as
+    prefetch hits instead of fetches. `before_gather`: called just before the first read of
+    the stage (the wait for the prefetch's stream), so everything before it runs beside the
+    prefetch. `victims(value, owner, rank, S1, n)`: the victims' select (None:
+    victims_triton)."""
+    claim, clock = st.claim, st.clock
     n, dev = units.numel(), units.device
     S1 = st.unit_in.shape[0]
     # the callers' capacity check: a step never reads more units than there are slots
@@ -295,11 +281,12 @@ def allocate(
     owner = torch.empty(n, dtype=torch.long, device=dev)
     _owner_kernel[(triton.cdiv(n, B),)](u, slot_in, claim, owner, n, BLOCK=B)
     rank = torch.cumsum(owner, 0)
-    victims = _victims(value, owner, rank, S1, n)
+    victims_at = (victims(value, owner, rank, S1, n) if victims is not None
+                  else victims_triton(value, rank, S1, n))  # fmt: skip
     src = torch.empty(n, dtype=torch.int32, device=dev)
     dst = torch.empty(n, dtype=torch.int32, device=dev)
     _assign_kernel[(triton.cdiv(n, B),)](
-        u, rank, victims, st.slot_of, st.unit_in, st.uses, src, dst, acc, n,
+        u, rank, victims_at, st.slot_of, st.unit_in, st.uses, src, dst, acc, n,
         counters["fetched"], counters["evicted"], counters["demand_fetched"], BLOCK=B,
     )  # fmt: skip
     _gather(st, src, dst, acc, counters, stage, before_gather, rank[n - 1 :])
@@ -328,10 +315,10 @@ def _gather(st, src, dst, acc, counters, stage, before_gather, count=None) -> No
         acc[counters[name]] -= hits
 
 
-def allocate_reference(st, units, valid, claim, clock, acc, counters, stage=None,
-                       before_gather=None):  # fmt: skip
+def allocate_reference(st, units, valid, acc, counters, stage=None, before_gather=None):
     """The same in torch ops (the CPU engine's path)."""
     dev, n = units.device, units.numel()
+    claim, clock = st.claim, st.clock
     slot_of, unit_in, last_used, uses = st.slot_of, st.unit_in, st.last_used, st.uses
     scratch_slot, scratch_unit = st.scratch_slot, st.scratch_unit
     u = torch.where(valid, units, scratch_unit)
@@ -371,23 +358,6 @@ def allocate_reference(st, units, valid, claim, clock, acc, counters, stage=None
     return slot.to(torch.int32)
 
 
-_VICTIMS_KERNEL = [True]  # False once the kernel failed to build (Triton < 3.4: no masks)
-
-
-def _victims(value, owner, rank, S1: int, n: int) -> torch.Tensor:
-    """The victims from the radix-select kernels, or from their reference where this Triton
-    cannot build them (the same slots; a warning once). The first call is an eager step's,
-    never a graph capture's."""
-    if _VICTIMS_KERNEL[0]:
-        try:
-            return victims_triton(value, rank, S1, n)
-        except Exception as e:  # noqa: BLE001 (a compile error: any of Triton's kinds)
-            _VICTIMS_KERNEL[0] = False
-            warnings.warn(f"the victims kernels did not build ({type(e).__name__}); "
-                          "using torch for them", RuntimeWarning, stacklevel=2)  # fmt: skip
-    return least_valuable(value, owner)
-
-
 def victims_triton(value, rank, S1: int, n: int, chunk: int = VICTIMS_CHUNK) -> torch.Tensor:
     """The m least valuable of S1 slots (m: rank's last entry; ties: the lowest slots), in
     slot order, then n - m entries left unwritten: a radix select over chunks of `chunk`
@@ -424,6 +394,6 @@ def slot_values(last_used: torch.Tensor, uses: torch.Tensor, clock: torch.Tensor
 
 
 def _count(acc: torch.Tensor, where: tuple[int, ...], masks: tuple[torch.Tensor, ...]) -> None:
-    """Add each mask's true count to its counter (no host-to-device copy: CUDA graphs)."""
+    # each mask's true count into its counter (no host-to-device copy: CUDA graphs)
     for i, mask in zip(where, masks, strict=True):
         acc[i] += mask.sum()

@@ -1,4 +1,5 @@
-"""The "timed" Forecast prefetch policy: prefetch only where it makes decode steps faster,
+"""When decode steps run the Forecast prefetch (`PrefetchPolicy`: "always", or "auto" by
+how much the steps need from the host, or "timed"), and the "timed" policy: prefetch only where it makes decode steps faster,
 as measured on this machine, for this context.
 
 Whether the prefetch pays depends on more than the bytes a step needs from the host: on the
@@ -17,6 +18,85 @@ whose size stops coming starts again at the size that does.
 from __future__ import annotations
 
 import statistics
+
+import torch
+
+from engine.kv.sparse_config import C, SparseConfig
+
+
+class PrefetchPolicy:
+    """Whether the next steps prefetch: "always"; "auto": while the steps need many pages
+    from the host (a moving average of MiB per layer-step, with hysteresis); "timed": as
+    "auto", then by timing steps both ways (PrefetchTrials)."""
+
+    def __init__(self, sparse: SparseConfig, acc: torch.Tensor, unit_bytes: int,
+                 device: torch.device) -> None:  # fmt: skip
+        self.sparse, self.acc, self.unit_bytes = sparse, acc, unit_bytes
+        # whether the next steps prefetch, what the last steps needed from the host (MiB
+        # per layer-step, a moving average), and the counters it last read (steps, demand
+        # fetches, prefetch hits: a pinned copy read after a step)
+        self.prefetch_on = sparse.prefetch_policy == "always"
+        self.need_mib: float | None = None
+        self.need_high = False  # "timed": the steps need the host (auto's hysteresis)
+        self.trials = PrefetchTrials(sparse.trial_steps, retrial_steps=sparse.retrial_steps)
+        self.seen = (0, 0, 0)
+        self.host = torch.zeros(2, 3, dtype=torch.long, pin_memory=device.type == "cuda")
+        self._idx = torch.tensor([C["steps"], C["demand_fetched"], C["prefetch_hits"]],
+                                 device=device)  # fmt: skip
+
+    def prefetching(self) -> bool:
+        """Whether decode steps prefetch now (a forecast, and the policy says so)."""
+        sp = self.sparse
+        return sp.forecast != "off" and (sp.prefetch_policy == "always" or self.prefetch_on)
+
+    def read(self, turn: int = 0, wait: bool = False) -> None:
+        """Copy the counters the policy reads into the host buffer of `turn` (one per step
+        in flight), after a step's kernels: queued (`wait` False: `update(turn)` reads it
+        once that step is known to be done, e.g. its tokens' event) or now."""
+        if self.sparse.prefetch_policy != "always" and self.sparse.forecast != "off":
+            self.host[turn].copy_(self.acc[self._idx], non_blocking=not wait)
+
+    def reset(self) -> None:
+        """Forget what the policy measured (benchmarks: each run starts as a fresh engine)."""
+        self.prefetch_on = self.sparse.prefetch_policy == "always"
+        self.need_mib, self.need_high = None, False
+        self.trials.reset()
+
+    def counters_reset(self) -> None:
+        self.seen = (0, 0, 0)  # (the last reading: before the reset)
+        self.host.zero_()
+
+    def update(self, turn: int = 0, step_ms: float | None = None, prefetched: bool = False,
+               size: int = 1) -> None:  # fmt: skip
+        """After a step that `read(turn)` followed is done: the pages it needed from the
+        host per layer (on demand or from the stage), into the moving average, and the
+        prefetch on or off: by the thresholds (with hysteresis), and for "timed" then by
+        the step times (`step_ms`, of a step that `prefetched` or not, of `size` sequences)."""
+        sp = self.sparse
+        if sp.prefetch_policy == "always" or sp.forecast == "off":
+            return
+        now = tuple(self.host[turn].tolist())
+        if now[0] < self.seen[0]:  # the counters were reset
+            self.seen = (0, 0, 0)
+        steps = now[0] - self.seen[0]
+        if steps <= 0:
+            return
+        units = (now[1] - self.seen[1]) + (now[2] - self.seen[2])
+        self.seen = now
+        mib = units * self.unit_bytes / steps / 2**20
+        self.need_mib = mib if self.need_mib is None else 0.5 * self.need_mib + 0.5 * mib
+        if self.need_high and self.need_mib < sp.prefetch_off_mib:
+            self.need_high = False
+        elif not self.need_high and self.need_mib > sp.prefetch_on_mib:
+            self.need_high = True
+        if sp.prefetch_policy == "auto":
+            self.prefetch_on = self.need_high
+        elif not self.need_high:
+            self.trials.reset()
+            self.prefetch_on = False
+        else:
+            self.trials.observe(step_ms, prefetched, size)
+            self.prefetch_on = self.trials.on
 
 
 class PrefetchTrials:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.scorers import SyntheticScorer, use_scorer
 from engine import Engine, SamplingParams
 from engine.config import EngineConfig
 from engine.kv import SparseConfig
@@ -79,13 +80,13 @@ def test_auto_policy_prefetches_only_when_steps_need_the_host(runs):
     for name in ("auto-on", "auto-off"):
         tokens, stats, tiers = runs[name]
         assert tokens == plain, name
-        assert tiers.need_mib is not None and tiers.need_mib > 0  # this run fetches
+        assert tiers.policy.need_mib is not None and tiers.policy.need_mib > 0  # this run fetches
     _, on, on_tiers = runs["auto-on"]
     _, always, _ = runs["free"]
-    assert on_tiers.prefetch_on and on.prefetched > 0
+    assert on_tiers.policy.prefetch_on and on.prefetched > 0
     assert on.prefetched < always.prefetched  # (the first decode step measured, off)
     _, off, off_tiers = runs["auto-off"]
-    assert not off_tiers.prefetch_on and off.prefetched == 0
+    assert not off_tiers.policy.prefetch_on and off.prefetched == 0
     assert off.demand_fetched == plain_stats.demand_fetched
 
 
@@ -94,12 +95,12 @@ def test_auto_policy_switches_with_hysteresis(runs):
     off threshold it turns off (a moving average of the steps' needs)."""
     _, _, tiers = runs["auto-off"]
     sp, unit = tiers.sparse, tiers.unit_bytes
-    saved = (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.prefetch_on, tiers.need_mib,
-             tiers._policy_seen)  # fmt: skip
+    saved = (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.policy.prefetch_on, tiers.policy.need_mib,
+             tiers.policy.seen)  # fmt: skip
     try:
         sp.prefetch_on_mib, sp.prefetch_off_mib = 4.0, 2.0
-        tiers.policy_reset()
-        tiers._policy_seen = (0, 0, 0)
+        tiers.policy.reset()
+        tiers.policy.seen = (0, 0, 0)
         seen = [0, 0, 0]
 
         def step(mib_per_layer_step: float, layer_steps: int = 30) -> bool:
@@ -107,20 +108,20 @@ def test_auto_policy_switches_with_hysteresis(runs):
             seen[0] += layer_steps
             seen[1] += units // 2  # half on demand, half from the stage: both count
             seen[2] += units - units // 2
-            tiers._policy_host[0].copy_(torch.tensor(seen))
-            tiers.policy_update()
-            return tiers.prefetch_on
+            tiers.policy.host[0].copy_(torch.tensor(seen))
+            tiers.policy.update()
+            return tiers.policy.prefetch_on
 
         assert not step(3.0) and not step(3.5)  # between the thresholds: stays off
         assert step(8.0)  # average 5.75: on
         assert step(2.5) and step(2.2)  # average 4.1, then 3.2: stays on
         assert not step(0.5)  # average 1.9: off
         tiers.reset_stats()  # counters reset: no false reading against the old ones
-        tiers.policy_update()
-        assert not tiers.prefetch_on and tiers._policy_seen == (0, 0, 0)
+        tiers.policy.update()
+        assert not tiers.policy.prefetch_on and tiers.policy.seen == (0, 0, 0)
     finally:
-        (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.prefetch_on, tiers.need_mib,
-         tiers._policy_seen) = saved  # fmt: skip
+        (sp.prefetch_on_mib, sp.prefetch_off_mib, tiers.policy.prefetch_on, tiers.policy.need_mib,
+         tiers.policy.seen) = saved  # fmt: skip
 
 
 def test_timed_policy_keeps_the_faster_way(runs):
@@ -129,13 +130,13 @@ def test_timed_policy_keeps_the_faster_way(runs):
     plain, _, _ = runs["off"]
     tokens, stats, tiers = runs["timed"]
     assert tokens == plain
-    assert tiers.need_high and stats.prefetched > 0  # (the trial's steps with the prefetch)
+    assert tiers.policy.need_high and stats.prefetched > 0  # (the trial's steps with the prefetch)
     assert len(tiers.trials.decisions) == 1
     off_ms, on_ms = tiers.trials.decisions[0]
-    assert off_ms > 0 and on_ms > 0 and tiers.prefetch_on is (on_ms < off_ms)
+    assert off_ms > 0 and on_ms > 0 and tiers.policy.prefetch_on is (on_ms < off_ms)
     # what the summary line reports (engine.kv_stats -> agentctx.output)
     state = runs["timed-engine"].kv_stats()["prefetch"]
-    assert state == {"policy": "timed", "on": tiers.prefetch_on, "need_mib": tiers.need_mib,
+    assert state == {"policy": "timed", "on": tiers.policy.prefetch_on, "need_mib": tiers.policy.need_mib,
                      "trial_ms": [off_ms, on_ms]}  # fmt: skip
 
 
@@ -147,7 +148,7 @@ def test_training_free_recall_beats_the_previous_steps_pages(runs):
     _, stats, tiers = runs["free"]
     assert stats.recall > 0.85
     assert stats.recall > stats.locality
-    per_layer = tiers.recall_by_layer
+    per_layer = tiers.prefetcher.recall_by_layer
     assert int(per_layer[0, 1]) == 0  # nothing predicts layer 0
     assert (per_layer[1:, 1] > 0).all()
 
@@ -240,15 +241,15 @@ def test_synthetic_selections_simulate_a_predictor_of_given_recall():
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     recalls = {}
     for target in (1.0, 0.5):
-        sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=30 * 60 * UNIT, synthetic=0.0,
-                              forecast="free", synthetic_recall=target)  # fmt: skip
+        sparse = SparseConfig(budget_fraction=0.2, gpu_kv_budget=30 * 60 * UNIT, forecast="free")
         engine = Engine.load(None, device="cpu", dtype="float32", weights="dense",
                              config=EngineConfig(sparse=sparse))  # fmt: skip
-        engine.generate([prompt], params)
         tiers = engine.runner.tiers
+        use_scorer(engine, SyntheticScorer(tiers, keep=0.0, recall=target))
+        engine.generate([prompt], params)
         recalls[target] = tiers.stats.recall
         if target == 1.0:
-            by_layer = tiers.recall_by_layer[1:]
+            by_layer = tiers.prefetcher.recall_by_layer[1:]
             assert torch_equal(by_layer[:, 0], by_layer[:, 1])
     assert recalls[1.0] == 1.0
     # half of the freely chosen pages predicted; sinks and window always are
@@ -263,7 +264,7 @@ def torch_equal(a, b) -> bool:
 
 def test_synthetic_selections_can_redraw_pages_read_earlier():
     """The benchmarks' synthetic selections keep a share of the step before's pages; with
-    `synthetic_recurring` that share of the other (new) pages comes from pages the row read
+    `recurring` that share of the other (new) pages comes from pages the row read
     at earlier steps, as the real model's do (bench.page_recurrence). Measured as that
     bench does: with a tier that keeps every page, fetches after the first steps are the
     pages never read before."""
@@ -272,10 +273,10 @@ def test_synthetic_selections_can_redraw_pages_read_earlier():
     prompt = list(range(1000, 4000))
     shares = {}
     for recurring in (0.0, 0.86):
-        sparse = SparseConfig(budget_fraction=0.2, synthetic=0.85,
-                              synthetic_recurring=recurring)  # fmt: skip
+        sparse = SparseConfig(budget_fraction=0.2)
         engine = Engine.load(None, device="cpu", dtype="float32", weights="dense",
                              config=EngineConfig(sparse=sparse))  # fmt: skip
+        use_scorer(engine, SyntheticScorer(engine.runner.tiers, keep=0.85, recurring=recurring))
         st, shares[recurring] = measure(engine, prompt, tokens=32, warm=8)
         assert 0.75 < st.locality < 0.95
     assert shares[0.86] > shares[0.0] + 0.3
@@ -285,28 +286,30 @@ def test_synthetic_selections_can_redraw_pages_read_earlier():
 @pytest.mark.parametrize("recurring", [0.0, 0.86])
 def test_synthetic_verifications_redraw_pages_read_earlier(recurring):
     """A verification's later queries replace some of query 0's pages; with
-    `synthetic_recurring` most replacements are pages the row read at earlier steps, as a
+    `recurring` most replacements are pages the row read at earlier steps, as a
     decode step's new pages are (on the real model a k = 4 verification fetched about what
     its 5 queries would as 5 steps, 4.4x a one-token step: docs/verify_union.json), not
     fresh pages (the H200 bench's verification fetched 11x before). And the step records
     the last query's pages as the next step's previous selection."""
     import torch
 
-    sparse = SparseConfig(budget_fraction=0.2, synthetic=0.85, synthetic_recurring=recurring)
+    sparse = SparseConfig(budget_fraction=0.2)
     engine = Engine.load(None, device="cpu", dtype="float32", weights="dense",
                          config=EngineConfig(sparse=sparse))  # fmt: skip
     tiers = engine.runner.tiers
+    scorer = SyntheticScorer(tiers, keep=0.85, recurring=recurring)
+    use_scorer(engine, scorer)
     B, T, M, Hkv = 1, 5, 400, tiers.Hkv
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     seen = torch.rand(B, Hkv, M, generator=g) < 0.3  # read at earlier steps
     prev = seen & (torch.rand(B, Hkv, M, generator=g) < 0.6)  # at the step before (~72)
-    tiers._synthetic_prev(0, B)[..., :M] = prev
-    tiers._synthetic_prev(0, B, seen=True)[..., :M] = seen
+    scorer.prev(0, B)[..., :M] = prev
+    scorer.prev(0, B, seen=True)[..., :M] = seen
     block_tables = torch.arange(M, dtype=torch.int32)[None]
     kv_lens = torch.tensor([M * tiers.P], dtype=torch.int32)
     q = torch.zeros(B, T, engine.model_config.num_heads, engine.model_config.head_dim)
-    pages, counts, qmask = tiers._select_per_query(q, 0, block_tables, kv_lens)
+    pages, counts, qmask = tiers.selection.select_per_query(q, 0, block_tables, kv_lens)
     later_only = torch.zeros(B, Hkv, M, dtype=torch.bool)
     for h in range(Hkv):
         n = int(counts[0, h])
@@ -329,4 +332,4 @@ def test_synthetic_verifications_redraw_pages_read_earlier(recurring):
         n = int(counts[0, h])
         p, bits = pages[0, h, :n].long(), qmask[0, h, :n]
         last[0, h, p[(bits >> (T - 1)) & 1 == 1]] = True
-    assert torch.equal(tiers._synthetic_prev(0, B)[..., :M], last)
+    assert torch.equal(scorer.prev(0, B)[..., :M], last)

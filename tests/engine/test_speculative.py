@@ -113,7 +113,7 @@ def test_rollback_returns_every_page_and_slot(checkpoint):
         assert bm.num_free_blocks == start_free - len(seq.block_table)
         live = {p * 2 + h for p in seq.block_table for h in range(2)}
         for layer in range(tiers.L):
-            held = tiers.unit_in[layer, : tiers.num_slots]
+            held = tiers.residency.unit_in[layer, : tiers.num_slots]
             assert set(held[held >= 0].tolist()) <= live
         st = tiers.stats
         assert st.fetched - st.evicted - st.dropped == tiers.resident_units()

@@ -1,4 +1,4 @@
-"""The GPU tier's slot allocator (engine.kv.TieredKV._ensure_resident), run on the CPU: after
+"""The GPU tier's slot allocator (engine.kv.residency.Residency.ensure_resident), run on the CPU: after
 any sequence of fetches the page table and the slot owners agree, every resident slot holds
 exactly its page's rows from the host tier, the scratch entries stay put, and the slots
 a step reads are never taken by that step's own misses."""
@@ -15,19 +15,19 @@ def make(num_slots: int, pages: int = 40, L: int = 2, Hkv: int = 3, P: int = 16,
     host = torch.randn(L, pages, Hkv, 2, P, D)
     unit_bytes = 2 * P * D * 4
     sp = SparseConfig(budget_fraction=0.1, gpu_kv_budget=num_slots * L * unit_bytes)
-    return TieredKV(None, host, P, sp, torch.device("cpu")), host
+    return TieredKV(host, P, sp, torch.device("cpu")), host
 
 
 def check_consistent(t: TieredKV, host: torch.Tensor) -> None:
     for layer in range(t.L):
-        unit_in = t.unit_in[layer, : t.num_slots]
+        unit_in = t.residency.unit_in[layer, : t.num_slots]
         held = (unit_in >= 0).nonzero().flatten()
-        assert torch.equal(t.slot_of[layer, unit_in[held]].long(), held)
-        assert int((t.slot_of[layer, : t.scratch_unit] >= 0).sum()) == len(held)
+        assert torch.equal(t.residency.slot_of[layer, unit_in[held]].long(), held)
+        assert int((t.residency.slot_of[layer, : t.scratch_unit] >= 0).sum()) == len(held)
         units = host[layer].reshape(-1, 2, t.P, t.D)
-        assert torch.equal(t.slots[layer, held], units[unit_in[held]])
-        assert int(t.slot_of[layer, t.scratch_unit]) == t.scratch_slot
-        assert int(t.unit_in[layer, t.scratch_slot]) == t.scratch_unit
+        assert torch.equal(t.residency.slots[layer, held], units[unit_in[held]])
+        assert int(t.residency.slot_of[layer, t.scratch_unit]) == t.scratch_slot
+        assert int(t.residency.unit_in[layer, t.scratch_slot]) == t.scratch_unit
 
 
 def test_random_steps_keep_the_page_table_and_the_slots_exact():
@@ -41,8 +41,8 @@ def test_random_steps_keep_the_page_table_and_the_slots_exact():
             units = torch.randint(0, units_total, (n,), generator=g)
             units[5] = units[4]
             valid = torch.rand(n, generator=g) < 0.8
-            slots = t._ensure_resident(layer, units, valid)
-            assert torch.equal(t.slot_of[layer, units[valid]].long(), slots[valid].long())
+            slots = t.residency.ensure_resident(layer, units, valid)
+            assert torch.equal(t.residency.slot_of[layer, units[valid]].long(), slots[valid].long())
             assert (slots[~valid] == t.scratch_slot).all()
             # this step's units are all resident and distinct units have distinct slots
             got = dict(zip(units[valid].tolist(), slots[valid].tolist(), strict=True))
@@ -57,10 +57,10 @@ def test_a_full_tier_evicts_the_oldest_pages_first():
     t, host = make(num_slots=6, L=1)
     for u in range(6):  # fill the tier, one page per step
         t.clock += 1
-        t._ensure_resident(0, torch.tensor([u]), torch.tensor([True]))
+        t.residency.ensure_resident(0, torch.tensor([u]), torch.tensor([True]))
     t.clock += 1
-    t._ensure_resident(0, torch.tensor([0, 1, 10]), torch.tensor([True, True, True]))
-    resident = set(t.unit_in[0, : t.num_slots].tolist())
+    t.residency.ensure_resident(0, torch.tensor([0, 1, 10]), torch.tensor([True, True, True]))
+    resident = set(t.residency.unit_in[0, : t.num_slots].tolist())
     assert {0, 1, 10} <= resident and 2 not in resident  # 2 was the oldest not read now
     check_consistent(t, host)
 
@@ -86,21 +86,21 @@ def test_deferred_rows_fold_and_dropped_pages_leave_every_layer():
             t.after_append(layer, k, k, pg, off)
         t.defer_summaries = False
         if deferred:
-            before = t.summ.clone()
+            before = t.selection.summ.clone()
             t.fold_rows([p for p, _ in rows], [o for _, o in rows])
-            assert not torch.equal(before, t.summ)
-        summaries.append(t.summ.clone())
+            assert not torch.equal(before, t.selection.summ)
+        summaries.append(t.selection.summ.clone())
     assert torch.equal(summaries[0], summaries[1])
     mn = summaries[1][:, 5 * Hkv : 6 * Hkv, 0]  # page 5's min: its 3 rows only
     assert torch.equal(mn, host[:, 5, :, 0, :3].amin(2))
     # drop: pages 2 and 5 resident in both layers, then dropped everywhere
     for layer in range(t.L):
-        t._ensure_resident(layer, torch.tensor([2 * Hkv, 5 * Hkv + 1, 7 * Hkv]),
+        t.residency.ensure_resident(layer, torch.tensor([2 * Hkv, 5 * Hkv + 1, 7 * Hkv]),
                            torch.tensor([True, True, True]))  # fmt: skip
     t.drop_pages([2, 5])
     for layer in range(t.L):
-        assert (t.slot_of[layer, torch.tensor([2 * Hkv, 5 * Hkv + 1])] == -1).all()
-        assert int(t.slot_of[layer, 7 * Hkv]) >= 0
+        assert (t.residency.slot_of[layer, torch.tensor([2 * Hkv, 5 * Hkv + 1])] == -1).all()
+        assert int(t.residency.slot_of[layer, 7 * Hkv]) >= 0
     assert t.stats.dropped == 2 * t.L
     check_consistent(t, host)
 
@@ -120,9 +120,9 @@ def test_a_prefetch_stages_missing_pages_and_the_step_fills_its_slots_from_there
     t.end_step(max_len=int(lens[0]))
     t.clock += 1
     q = torch.randn(1, 1, Hkv, D)  # a perfect prediction: the step's own query
-    t.prefetch(0, q, tables, lens)
-    assert (t.slot_of[0] == -1)[: t.scratch_unit].all()  # no slot taken by the prefetch
-    staged = (t.stage_of[: t.scratch_unit] != NOT_STAGED).nonzero().flatten()
+    t.prefetcher.prefetch(0, q, tables, lens)
+    assert (t.residency.slot_of[0] == -1)[: t.scratch_unit].all()  # no slot taken by the prefetch
+    staged = (t.prefetcher.stage_of[: t.scratch_unit] != NOT_STAGED).nonzero().flatten()
     pages = set((staged // Hkv).tolist())
     assert 0 in pages and 9 in pages and 10 not in pages  # sink, window; not the written one
     st = t.stats
@@ -131,10 +131,14 @@ def test_a_prefetch_stages_missing_pages_and_the_step_fills_its_slots_from_there
     host[0, 9] += 1.0  # changed on the host after the prefetch: page 9 comes from the stage
     t.attend(0, q, tables, lens, D**-0.5)
     for unit in range(10 * Hkv, 11 * Hkv):  # the written page: from the host, now
-        assert torch.equal(t.slots[0, t.slot_of[0, unit]], host[0].reshape(-1, 2, P, D)[unit])
+        assert torch.equal(
+            t.residency.slots[0, t.residency.slot_of[0, unit]], host[0].reshape(-1, 2, P, D)[unit]
+        )
     for unit in range(9 * Hkv, 10 * Hkv):
-        assert torch.equal(t.slots[0, t.slot_of[0, unit]], before[0].reshape(-1, 2, P, D)[unit])
-    assert (t.stage_of == NOT_STAGED).all() and not t._staged
+        assert torch.equal(
+            t.residency.slots[0, t.residency.slot_of[0, unit]], before[0].reshape(-1, 2, P, D)[unit]
+        )
+    assert (t.prefetcher.stage_of == NOT_STAGED).all() and not t.prefetcher.staged
     st = t.stats
     assert st.prefetch_hits == st.prefetched and st.prefetch_waste == 0
     assert st.demand_fetched == Hkv  # the written page, one unit per head
@@ -154,3 +158,16 @@ def test_slot_values_order_free_then_recency_then_reads_in_int32():
     assert v.dtype == torch.int32 and (v < NEVER).all()
     assert v[0] < v[1] == v[2] < v[3] < v[4] < v[5] < v[6]  # 0 and 100: both too old
     assert RECENCY_STEPS < 5000 - 100
+
+
+def test_the_allocator_implementation_is_a_checked_config_field():
+    """EngineConfig.tier_alloc picks the GPU tier's allocation (no environment variable);
+    anything but "triton" or "torch" is refused when the config is built."""
+    import pytest
+
+    from engine.config import EngineConfig
+
+    assert EngineConfig().tier_alloc == "triton" and EngineConfig().verify_graphs
+    assert EngineConfig(tier_alloc="torch").tier_alloc == "torch"
+    with pytest.raises(ValueError, match="tier_alloc must be triton or torch"):
+        EngineConfig(tier_alloc="cuda")

@@ -72,13 +72,21 @@ def test_a_gpu_tier_smaller_than_the_working_set_is_a_clear_error(prompt):
 
 
 def test_oracle_group_reuse_and_stochastic_tail_run_and_are_seeded(prompt):
-    for sparse in (
-        SparseConfig(budget_fraction=0.1, oracle=True),
-        SparseConfig(budget_fraction=0.1, layer_group=3),
-        SparseConfig(budget_tokens=128, tail_pages=4, seed=3),
+    from bench.scorers import OracleScorer, use_scorer
+
+    def load_with(sparse: SparseConfig, oracle: bool) -> Engine:
+        engine = load(sparse)
+        if oracle:
+            use_scorer(engine, OracleScorer(engine.runner.tiers))
+        return engine
+
+    for sparse, oracle in (
+        (SparseConfig(budget_fraction=0.1), True),
+        (SparseConfig(budget_fraction=0.1, layer_group=3), False),
+        (SparseConfig(budget_tokens=128, tail_pages=4, seed=3), False),
     ):
-        a = load(sparse).generate([prompt], PARAMS)[0].token_ids
-        b = load(sparse).generate([prompt], PARAMS)[0].token_ids
+        a = load_with(sparse, oracle).generate([prompt], PARAMS)[0].token_ids
+        b = load_with(sparse, oracle).generate([prompt], PARAMS)[0].token_ids
         assert a == b and len(a) == 40
 
 
@@ -95,15 +103,19 @@ def test_sparse_config_is_checked():
 
 
 def test_skip_prefill_attention_writes_the_kv_and_decodes(prompt):
-    """EngineConfig.skip_prefill_attention (benchmarks only): the prompt's KV is written as
+    """bench.scorers.skip_prefill_attention (benchmarks only): the prompt's KV is written as
     a normal prefill writes it where attention has not acted yet (layer 0's keys and values
     depend on the embeddings alone) and differs from the next layer on (the attention output
     was zeros), and the sequence then decodes over the tiered cache."""
+    from bench.scorers import skip_prefill_attention
+
     sparse = SparseConfig(budget_fraction=0.2)
     out = {}
     for skip in (False, True):
-        cfg = EngineConfig(sparse=sparse, skip_prefill_attention=skip, enable_prefix_caching=False)
+        cfg = EngineConfig(sparse=sparse, enable_prefix_caching=False)
         engine = Engine.load(None, device="cpu", dtype="float32", weights="dense", config=cfg)
+        if skip:
+            skip_prefill_attention(engine)
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         tokens = engine.generate([prompt], params)[0].token_ids
         pool = engine.runner.kv.pool

@@ -114,7 +114,7 @@ for name, sig in (
     warps = 4
     out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, warps)
 from kernels.page_union import _union_compact_kernel, _union_mark_kernel
-from kernels.synthetic_select import _synthetic_query_kernel
+from bench.synthetic_select import _synthetic_query_kernel
 out["union/mark"] = build(_union_mark_kernel, {"PAGES": i32, "COUNTS": i32, "BITS": i32,
                           "K": "i32", "M": "i32", "T": "i32"}, {"HKV": 8, "BLOCK": 256}, 4)
 out["union/compact"] = build(_union_compact_kernel, {"BITS": i32, "OUT": i32, "QMASK": i32,

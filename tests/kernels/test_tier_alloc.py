@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv.tiers import _C
+from engine.kv.residency import SlotAllocator
+from engine.kv.sparse_config import C as _C
 from kernels import HAS_TRITON, INTERPRET
-from kernels.tier_alloc import NO_CLAIM, LayerState, allocate
+from kernels.tier_alloc import NO_CLAIM, LayerState, allocate_reference, allocate_triton
 from kernels.uva_gather import NOT_STAGED
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,11 +31,10 @@ def state(S: int, U: int, P: int = 4, D: int = 8, seed: int = 0) -> tuple[LayerS
     st = LayerState(slot_of.to(DEVICE), unit_in.to(DEVICE),
                     torch.full((S + 1,), -1, dtype=torch.long, device=DEVICE),
                     torch.zeros(S + 1, dtype=torch.long, device=DEVICE), host,
-                    torch.zeros(S + 1, 2, P, D, device=DEVICE))  # fmt: skip
-    rest = {"claim": torch.zeros(U + 1, dtype=torch.long, device=DEVICE),
-            "clock": torch.zeros((), dtype=torch.long, device=DEVICE),
-            "acc": torch.zeros(len(_C), dtype=torch.long, device=DEVICE)}  # fmt: skip
-    rest["claim"].fill_(NO_CLAIM)
+                    torch.zeros(S + 1, 2, P, D, device=DEVICE),
+                    torch.full((U + 1,), NO_CLAIM, dtype=torch.long, device=DEVICE),
+                    torch.zeros((), dtype=torch.long, device=DEVICE))  # fmt: skip
+    rest = {"acc": torch.zeros(len(_C), dtype=torch.long, device=DEVICE)}
     return st, rest
 
 
@@ -47,10 +47,9 @@ def clone(st: LayerState, rest: dict) -> tuple[LayerState, dict]:
 @needs_triton
 @pytest.mark.parametrize("victims_kernel", [True, False])  # False: a Triton without it
 @pytest.mark.parametrize("n", [20, 1500])  # one block of entries, and several
-def test_kernels_match_the_reference(n, victims_kernel, monkeypatch):
-    from kernels import tier_alloc
-
-    monkeypatch.setattr(tier_alloc, "_VICTIMS_KERNEL", [victims_kernel])
+def test_kernels_match_the_reference(n, victims_kernel):
+    allocator = SlotAllocator()
+    allocator.victims_kernel = victims_kernel
     S, U = (30, 120) if n == 20 else (1600, 5000)
     a, ra = state(S, U)
     b, rb = clone(a, ra)
@@ -59,8 +58,8 @@ def test_kernels_match_the_reference(n, victims_kernel, monkeypatch):
     # slot filled from the stage shows it)
     rows = torch.randn(n, 2, a.slots.shape[2], a.slots.shape[3], generator=g).to(DEVICE)
     for step in range(24):
-        for r in (ra, rb):
-            r["clock"] += 1
+        for s in (a, b):
+            s.clock += 1
         units = torch.randint(0, U, (n,), generator=g)
         units[5] = units[4]  # a page shared by two sequences
         if step % 3 == 0:  # locality: read again what the step before read
@@ -72,18 +71,17 @@ def test_kernels_match_the_reference(n, victims_kernel, monkeypatch):
             stage_of[pick] = torch.randperm(n, generator=g)[: n // 3].to(torch.int32)
         stage = (rows, stage_of.to(DEVICE)) if step % 2 else None
         units, valid = units.to(DEVICE), valid.to(DEVICE)
-        got = allocate(a, units, valid, ra["claim"], ra["clock"], ra["acc"], _C,
-                       use_triton=True, stage=stage)  # fmt: skip
-        want = allocate(b, units, valid, rb["claim"], rb["clock"], rb["acc"], _C,
-                        use_triton=False, stage=stage)  # fmt: skip
+        got = allocate_triton(a, units, valid, ra["acc"], _C, stage=stage,
+                              victims=allocator.victims)  # fmt: skip
+        want = allocate_reference(b, units, valid, rb["acc"], _C, stage=stage)
         assert torch.equal(got.cpu(), want.cpu())
         for f in ("slot_of", "unit_in", "last_used", "uses", "slots"):
             x, y = getattr(a, f), getattr(b, f)
             end = a.scratch_unit if f == "slot_of" else a.scratch_slot  # scratch aside
             assert torch.equal(x[:end].cpu(), y[:end].cpu()), (step, f)
         assert torch.equal(ra["acc"].cpu(), rb["acc"].cpu()), step
-        for r in (ra, rb):  # claims end with the call (the next one starts clean)
-            assert (r["claim"] == NO_CLAIM).all()
+        for s in (a, b):  # claims end with the call (the next one starts clean)
+            assert (s.claim == NO_CLAIM).all()
     acc = ra["acc"].cpu()
     assert acc[_C["evicted"]] > 0 and acc[_C["prefetch_hits"]] > 0 and acc[_C["locality_hits"]] > 0
     assert acc[_C["fetched"]] == acc[_C["demand_fetched"]]  # (staged ones counted by no one here)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.synthetic_select import synthetic_query_scores
 from kernels import HAS_TRITON, INTERPRET
-from kernels.synthetic_select import synthetic_query_scores
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(

@@ -1,6 +1,6 @@
 """Benchmarks' synthetic page scores for a verification's queries (dummy weights carry no
-attention to select by; engine/kv/tiers.py draws scores with the locality measured on the
-real model instead).
+attention to select by; bench.scorers.SyntheticScorer draws scores with the locality
+measured on the real model instead).
 
 Query 0 of each sequence takes the step's draw `first` as it is; each later query drops
 each page with probability 0.15 (its score - 4: it loses to every unselected page) and,
@@ -11,7 +11,7 @@ budget x recurring lifted outside query 0's selection).
 `synthetic_query_scores_reference` in torch (~24 kernels per layer); on a GPU one Triton
 kernel does it (a program per block of 1,024 pages of a (sequence, query, head) row), seeded by the engine's step
 clock and the layer, so a CUDA graph draws afresh at each replay. The two draw different
-random numbers, with the same distribution (tests/kernels/test_synthetic_select.py).
+random numbers, with the same distribution (tests/bench/test_synthetic_select.py).
 """
 
 from __future__ import annotations

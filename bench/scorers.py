@@ -1,0 +1,194 @@
+"""Page scorers for benchmarks and evaluations (engine.kv.selection.PageScorer), and the
+prefill-skipping attention of dummy-weight benchmarks. The engine's own selection reads the
+page summaries; these take its place:
+
+- `SyntheticScorer`: dummy weights carry no attention to select by, so benchmarks draw
+  selections with the locality measured on the real model (each page read at the step
+  before kept with probability `keep`; of the new pages, `recurring` drawn from pages read
+  earlier), and simulate a Forecast predictor of a given `recall`;
+- `OracleScorer`: the exact attention mass per page (evaluation: reads every page).
+
+`skip_prefill_attention` and `keep_all_summaries` change an engine for a benchmark or an
+evaluation in the same way.
+
+`use_scorer(engine, scorer)` puts one in (None: the summaries again).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.synthetic_select import synthetic_query_scores
+from engine.kv import PageScorer
+
+
+def use_scorer(engine, scorer: PageScorer | None) -> None:
+    """Select by `scorer` from the next step on. The decode graphs are captured again (the
+    selection path is part of them); a scorer that reads the host turns them off."""
+    runner = engine.runner
+    runner.tiers.selection.scorer = scorer
+    runner.reset_graphs()
+    if scorer is not None and not scorer.graphable:
+        runner.use_graphs = runner.verify_graphs = False
+
+
+class SyntheticScorer(PageScorer):
+    """Random selections with a set locality (benchmarks with dummy weights only).
+
+    `keep`: the probability that a page the sequence (its batch row) read at this layer at
+    the step before wins again (0: fresh random pages every step, the worst case for the
+    GPU tier); `recurring`: of the pages a step does not keep, this share is drawn from
+    pages the row read at earlier steps (which a GPU tier that keeps used pages still
+    holds; the default model's selections measured 0.86-0.89, bench.page_recurrence); with
+    a forecast, `recall`: each page of the next layer's selection is predicted with this
+    probability (1.0: the oracle prefetch; the training-free predictor measured 0.92-0.93,
+    docs/quality.md). Per row, not per physical page: sequences that share a prompt's pages
+    do not keep each other's (a rule per page let eight sequences over one context settle
+    on the pages any of them had read, and fetch nothing)."""
+
+    def __init__(self, tiers, keep: float, recurring: float = 0.0, recall: float = 1.0):
+        self.tiers, self.keep, self.recurring, self.recall = tiers, keep, recurring, recall
+        self._next: dict[int, torch.Tensor] = {}  # drawn ahead by a simulated forecast
+        self._prev: dict[tuple[int, int, bool], torch.Tensor] = {}
+
+    def reset(self) -> None:
+        self._next.clear()
+
+    def decode_scores(self, layer, q, block_tables, kv_lens, scale) -> torch.Tensor:
+        scores = self._next.pop(layer, None)  # drawn ahead by a synthetic forecast, or now
+        return self.draw(layer, block_tables) if scores is None else scores
+
+    def verify_scores(self, layer, block_tables, budgets, T) -> torch.Tensor:
+        """Query 0 draws as a decode step would (the draw a prefetch predicted from, if one
+        ran); each later query keeps 85% of its pages (the step-to-step locality measured
+        on the real model), and about `recurring` of the pages that replace the dropped ones
+        were read at earlier steps: on the real model a k = 4 verification fetched 3.8-4.4x
+        a one-token step, about what its 5 queries would as 5 steps (bench.verify_union,
+        docs/verify_union*.json); with those pages drawn at random, the H200 bench's
+        fetched 11x."""
+        first = self._next.pop(layer, None)
+        if first is None:
+            first = self.draw(layer, block_tables)
+        seen = None
+        if self.recurring:
+            seen = self.prev(layer, block_tables.shape[0], seen=True)
+        return synthetic_query_scores(first, T, budgets, seen, self.recurring,
+                                      self.tiers.clock, layer)  # fmt: skip
+
+    def predicted_scores(self, layer, block_tables) -> torch.Tensor:
+        """The next layer's synthetic selection, drawn now; the prediction is that selection
+        with each page kept with probability `recall` (the rest of the budget goes to other
+        pages). (Random draws stay on the main stream.)"""
+        exact = self.draw(layer, block_tables)
+        self._next[layer] = exact
+        miss = torch.rand(exact.shape, device=self.tiers.device) >= self.recall
+        return exact - 4.0 * miss.float()
+
+    def draw(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
+        """Random scores [B, Hkv, M], except that each page the row read at this layer at
+        the step before wins again with probability `keep`."""
+        B, M = block_tables.shape
+        Hkv, dev = self.tiers.Hkv, self.tiers.device
+        read_last = self.prev(layer, B)[..., :M]
+        keep = read_last & (torch.rand(B, Hkv, M, device=dev) < self.keep)
+        scores = torch.rand(B, Hkv, M, device=dev) + 2.0 * keep.float()
+        if self.recurring:
+            # the pages to replace (read at the step before, not kept): about `recurring`
+            # of them come from pages read earlier, which rank between the kept pages and
+            # the rest
+            seen = self.prev(layer, B, seen=True)[..., :M] & ~read_last
+            need = (read_last & ~keep).sum(-1, keepdim=True).float()
+            p = (self.recurring * need / seen.sum(-1, keepdim=True).clamp(min=1)).clamp(max=1)
+            scores = scores + (seen & (torch.rand(B, Hkv, M, device=dev) < p)).float()
+        return scores
+
+    def selected(self, layer, pages, valid) -> None:
+        """What each row read at this step (pages, valid [B, T, Hkv, W]: T queries), for
+        the next step's locality: the last query's pages; and every query's among the pages
+        read at any step (the recurring draws')."""
+        B = pages.shape[0]
+        prev = self.prev(layer, B)
+        none = prev.shape[-1] - 1
+        prev.zero_()
+        prev.scatter_(-1, torch.where(valid[:, -1], pages[:, -1].long(), none), True)
+        if self.recurring:
+            seen = self.prev(layer, B, seen=True)
+            at = torch.where(valid, pages.long(), none).transpose(1, 2)
+            seen.scatter_(-1, at.reshape(B, self.tiers.Hkv, -1), True)
+            seen[..., none] = False
+
+    def prev(self, layer: int, rows: int, seen: bool = False) -> torch.Tensor:
+        """[rows, Hkv, pages + 1] bool: the page positions each row read at `layer` at its
+        last step (`seen`: at any step) (one buffer per layer and row count, updated in
+        place: CUDA graphs)."""
+        key = (layer, rows, seen)
+        if key not in self._prev:
+            t = self.tiers
+            self._prev[key] = torch.zeros(rows, t.Hkv, t.num_pages + 1, dtype=torch.bool,
+                                          device=t.device)  # fmt: skip
+        return self._prev[key]
+
+
+class OracleScorer(PageScorer):
+    """Exact attention mass per page (GQA group summed, max over the T queries): what the
+    summaries approximate (evaluation only: it reads every page, on the host)."""
+
+    graphable = False  # (host reads of the lengths)
+    per_query = False  # (one selection for a verification's queries, by their max)
+
+    def __init__(self, tiers) -> None:
+        self.tiers = tiers
+
+    def decode_scores(self, layer, q, block_tables, kv_lens, scale) -> torch.Tensor:
+        B, T, Hq, D = q.shape
+        P, Hkv = self.tiers.P, self.tiers.Hkv
+        G = Hq // Hkv
+        M = block_tables.shape[1]
+        out = torch.full((B, Hkv, M), float("-inf"), device=q.device)
+        host = self.tiers.host[layer]  # [pages, Hkv, 2, P, D]
+        for b in range(B):
+            n = int(kv_lens[b])
+            n_pages = -(-n // P)
+            pg = block_tables[b, :n_pages].long().to(host.device)
+            k = host[pg][:, :, 0].permute(1, 0, 2, 3).reshape(Hkv, n_pages * P, D)[:, :n]
+            k = k.float().to(q.device)
+            qh = q[b].float().view(T, Hkv, G, D)
+            logits = torch.einsum("thgd,hkd->thgk", qh, k) * scale
+            q_pos = torch.arange(n - T, n, device=q.device)
+            causal = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
+            logits = logits.masked_fill(~causal[:, None, None, :], float("-inf"))
+            mass = torch.softmax(logits, -1).sum(2)  # [T, Hkv, n]
+            mass = torch.nn.functional.pad(mass, (0, n_pages * P - n)).view(T, Hkv, n_pages, P)
+            out[b, :, :n_pages] = mass.sum(-1).amax(0)
+        return out
+
+
+def keep_all_summaries(engine) -> None:
+    """All three summary rows (min, max and sum), so that an evaluation can switch the
+    summary kind between configs over one cache (before the first token is appended)."""
+    from kernels.page_score import empty_summaries, summary_rows
+
+    selection = engine.runner.tiers.selection
+    L, units, _, D = selection.summ.shape
+    summ = empty_summaries(L * units, D, selection.device, mode=None)
+    selection.summ, selection.rows = summ.view(L, units, *summ.shape[1:]), summary_rows(None)
+
+
+def skip_prefill_attention(engine) -> None:
+    """Prefill steps write their KV (host tier, page summaries) but attend to nothing (the
+    attention output is zeros), so a 500K-token context is built in seconds instead of
+    minutes of causal attention; decode steps and verifications are unchanged (benchmarks
+    with dummy weights only: their KV's values mean nothing either way)."""
+    for layer in engine.runner.model.layers:
+        attn = layer.self_attn
+        attn.paged_attention = _zeros_on_prefill(attn.paged_attention)
+
+
+def _zeros_on_prefill(dense):
+    def attention(q, k, v, kv, ctx, scale, layer=0):
+        lens = ctx.query_lens  # (None: a graph's step, decode or verification)
+        n = lens[0] if lens else 1
+        decode = lens is None or ((n == 1 or ctx.verify) and all(m == n for m in lens))
+        return dense(q, k, v, kv, ctx, scale, layer) if decode else torch.zeros_like(q)
+
+    return attention
