@@ -1,0 +1,1 @@
+"""`agentctx serve`: an OpenAI-compatible HTTP server over the embedded engine."""
