@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log: list[str] = []  # stderr after the banner
         self.banner = self._wait_for_banner(timeout=120)
 
     def _wait_for_banner(self, timeout: float) -> str:
@@ -80,11 +82,17 @@ class ServerProcess:
                 if not line:
                     break
                 if "agentctx serve:" in line and "http://" in line:
+                    threading.Thread(target=self._drain, daemon=True).start()
                     return line.strip()
             if self.proc.poll() is not None:
                 break
         self.stop()
         raise AssertionError(f"the server did not start: {self.proc.stderr.read()}")
+
+    def _drain(self) -> None:
+        """Keep reading stderr, so that a full pipe never blocks the server."""
+        for line in self.proc.stderr:
+            self.log.append(line)
 
     def stop(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
