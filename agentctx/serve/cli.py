@@ -49,6 +49,10 @@ def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, we
         raise click.BadParameter(str(e), param_hint="--max-body") from None
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     sock = _bind(host, port)
+    if not _loopback(host):
+        click.echo(f"agentctx serve: warning: {host} is not a loopback address; other machines "
+                   "can reach this server" + ("" if key else " (and no --api-key-env is set)"),
+                   err=True)  # fmt: skip
     from agentctx.models import resolve_model
 
     name = run(lambda: resolve_model(model))
@@ -61,10 +65,6 @@ def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, we
     where = sock.getsockname()
     click.echo(f"agentctx serve: {model or name} on http://{_url_host(where[0])}:{where[1]}/v1 "
                f"(window {engine.max_model_len:,} tokens)", err=True)  # fmt: skip
-    if not _loopback(host):
-        click.echo(f"agentctx serve: warning: {host} is not a loopback address; other machines "
-                   "can reach this server" + ("" if key else " (and no --api-key-env is set)"),
-                   err=True)  # fmt: skip
     _run(app, sock, shutdown_timeout)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -58,6 +60,16 @@ def chat(client, content: str, **kw):
 def test_it_binds_loopback_and_says_where(server):
     assert f"on http://127.0.0.1:{server.port}/v1" in server.banner
     assert "warning" not in server.banner
+
+
+def test_a_host_that_is_not_loopback_gets_a_warning(tmp_path):
+    argv = [sys.executable, "-m", "agentctx", "serve", "--host", "0.0.0.0", "--port", "0",
+            "--model", str(tmp_path / "no-such-model")]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    warning, error = out.stderr.splitlines()  # (warned at the bind, before the model loads)
+    assert warning.startswith("agentctx serve: warning: 0.0.0.0 is not a loopback address")
+    assert "no --api-key-env" in warning
+    assert error.startswith("agentctx: error: model not found") and out.returncode == 1
 
 
 def test_a_streamed_chat_equals_the_non_streamed_one(client):
@@ -179,32 +191,35 @@ def test_models_lists_the_window(client):
     assert card.model_extra["context_length"] == card.model_extra["max_model_len"] == WINDOW
 
 
-def test_sigterm_cancels_what_runs_past_the_timeout_and_exits_0(server):
+def stream_lines(server, max_tokens: int, lines: list[str], ended: threading.Event) -> None:
+    """Stream a chat's lines into `lines` (in a thread); `ended` once the stream ends."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Write a lot."}],
-            "max_tokens": 4000, "stream": True}  # fmt: skip
-    received, ended = [], threading.Event()
+            "max_tokens": max_tokens, "stream": True}  # fmt: skip
+    try:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:  # fmt: skip
+            for line in r.iter_lines():
+                lines.append(line)  # (one by one: the test watches them arrive)
+    except httpx.HTTPError:
+        pass  # the server cut the stream at its shutdown timeout
+    ended.set()
 
-    def read():
-        try:
-            with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
-                              headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:  # fmt: skip
-                for line in r.iter_lines():
-                    received.append(line)
-        except httpx.HTTPError:
-            pass  # the server cut the stream at its shutdown timeout
-        ended.set()
 
-    reader = threading.Thread(target=read)
-    reader.start()
-    deadline = time.monotonic() + 30
-    while len(received) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(received) >= 4, "the stream did not start"
+def test_sigterm_finishes_short_requests_cancels_long_ones_and_exits_0(server):
+    streams = {n: ([], threading.Event()) for n in (4000, 24)}  # max_tokens: (lines, ended)
+    for n, (lines, ended) in streams.items():
+        threading.Thread(target=stream_lines, args=(server, n, lines, ended)).start()
+        deadline = time.monotonic() + 30
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.01)
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) == 0
     assert time.monotonic() - t0 < 15  # --shutdown-timeout 2, then the request is cancelled
-    assert ended.wait(10)
+    (long, long_ended), (short, short_ended) = streams[4000], streams[24]
+    assert long_ended.wait(10) and short_ended.wait(10)
+    assert short[-2:] == ["data: [DONE]", ""] or short[-1] == "data: [DONE]"
+    assert "data: [DONE]" not in long and len(long) > 4  # it had streamed, then was cut
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/health")
 
