@@ -91,6 +91,14 @@ def test_a_text_completion_with_no_reused_prefix_reports_zero_cached(client):
     assert out.usage.prompt_tokens_details.cached_tokens == 0  # 0, not None
 
 
+def test_a_streamed_text_completion_equals_the_whole_one(client):
+    kw = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_a_second_request_with_the_same_long_prefix_reuses_it(client):
     system = " ".join(f"rule {i}: {uuid.uuid4().hex[:6]}." for i in range(80))  # ~900 tokens
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "Go."}]
@@ -260,6 +268,15 @@ def test_a_tool_call_round_trip(tool_server):
     assert second.choices[0].message.content == ANSWER
     assert second.choices[0].finish_reason == "stop" and not second.choices[0].message.tool_calls
     assert second.usage.prompt_tokens_details.cached_tokens > 0  # the first turn's pages
+
+
+def test_tool_choice_none_leaves_the_text_unparsed(tool_server):
+    client = openai.OpenAI(base_url=tool_server.url + "/v1", api_key="none", max_retries=0)
+    out = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER_TOOL],
+        tool_choice="none", temperature=0, max_tokens=64)  # fmt: skip
+    assert out.choices[0].finish_reason == "stop" and not out.choices[0].message.tool_calls
+    assert out.choices[0].message.content.startswith("<tool_call>")
 
 
 # -- the real default model ------------------------------------------------------------------
