@@ -148,6 +148,7 @@ def run_turn(
             stream.cancel()
             content, _ = parse_tool_calls(stream.text, fmt, names)
             usage = usage_of(None, len(ids))
+            usage["finish_reason"] = "interrupted"
             e.partial = TurnResult(content, "interrupted", usage, steps=steps)
             raise
         content, calls = parse_tool_calls(stream.text, fmt, names)
@@ -192,6 +193,8 @@ def run_turn(
             reuse = getattr(session, "last_reuse", None)
             if reuse is not None and reuse.diverged:
                 usage["diverged_at"] = reuse.common_tokens  # the template re-rendered a turn
+            # stored with the turn (its timings) and in --json's usage record
+            usage["finish_reason"] = "interrupted" if reason == "cancelled" else reason
             ids = answer_ids(engine, stream, content) if reason != "cancelled" else None
             return TurnResult(content, reason, usage, steps=steps, token_ids=ids)
         step = ToolStep(content, calls)

@@ -178,7 +178,8 @@ class EngineLoop:
                 req = self.requests.get(item.seq.seq_id)
                 if req is not None:
                     self._emit(req, item, sampled, now)
-            for seq in finished:
+            # a stop string ends a sequence in _emit, after postprocess listed the finished
+            for seq in [*finished, *(it.seq for it in out.scheduled)]:
                 req = self.requests.get(seq.seq_id)
                 if req is not None and req.seq.is_finished:
                     self._finish(req)

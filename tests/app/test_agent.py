@@ -574,3 +574,19 @@ def test_a_function_of_the_repository_called_as_a_tool_reads_its_definition(toke
     again = result.steps[1].calls[0]
     assert again.name == "Calc.add" and "You have read its code" in again.error
     assert result.usage["tool_calls_repaired"] == 1 and result.answer == "add returns a + b."
+
+
+def test_the_usage_record_says_how_the_turn_ended(tokenizer_path, repo):
+    """finish_reason goes into the usage (stored as the answer's timings, and --json's
+    usage event): stop, step_limit, and interrupted for a cancelled stream."""
+    ends = []
+    for replies, cancel_after in (
+        (["It adds."], None),
+        ([call("list_files")] * 4, None),
+        (["Let me see, it adds.", "never"], 5),
+    ):
+        engine = scripted(tokenizer_path, replies)
+        engine.cancel_after = cancel_after
+        result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+        ends.append(result.usage["finish_reason"])
+    assert ends == ["stop", "step_limit", "interrupted"]

@@ -75,3 +75,20 @@ def test_stop_string_cuts_the_text(engine):
     cut = engine.generate([ids], SamplingParams(max_tokens=40, stop=["5"]))[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full[: full.index("5")]
+
+
+def test_a_stop_string_ends_a_stream_with_its_done_event(engine):
+    """A stop string ends the sequence after the scheduler listed the finished ones: the
+    stream still gets its done event (it used to loop forever without one)."""
+    import threading
+
+    ids = chat_ids(engine, "Count from 1 to 20, separated by commas.")
+    full = engine.generate([ids], SamplingParams(max_tokens=40))[0].text
+    events = []
+    stream = engine.stream(ids, SamplingParams(max_tokens=40, stop=["5"]))
+    reader = threading.Thread(target=lambda: events.extend(stream), daemon=True)
+    reader.start()
+    reader.join(timeout=120)
+    assert not reader.is_alive(), "the stream never ended"
+    assert events[-1].kind == "done" and events[-1].finish_reason == "stop"
+    assert stream.text == full[: full.index("5")]
