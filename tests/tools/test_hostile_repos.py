@@ -4,6 +4,7 @@ blame.ignoreRevsFile, a core.worktree elsewhere."""
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 from pathlib import Path
@@ -17,11 +18,16 @@ from tools.repo_files import head_commit, list_files
 
 from .support import commit, init_repo, write
 
+# an identity of its own: a machine whose git has none configured can still commit
+IDENTITY = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.com",
+            "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.com"}  # fmt: skip
+
 
 def git(root: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True
-    ).stdout
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True,
+        env={**os.environ, **IDENTITY},
+    ).stdout  # fmt: skip
 
 
 def marker_script(tmp_path: Path, name: str) -> tuple[Path, Path]:
