@@ -80,7 +80,7 @@ def prune(directory: Path, limit: int) -> list[Path]:
     returns what was deleted (the newest too, if it alone is over the limit). Temporary
     files left by a writer that was killed (its pid gone) are deleted first; those of a
     live writer count against the limit, as the snapshot they become will."""
-    from engine.snapshot_header import remove_stale_temps, temp_files
+    from engine.kv.snapshot_header import remove_stale_temps, temp_files
 
     removed = remove_stale_temps(directory)
     files, total = [], 0

@@ -174,7 +174,7 @@ def decode_speed(args, ids: list[int]) -> dict:
 def sparse_locality(args, ids: list[int], tier_frac: float) -> dict:
     from engine import SamplingParams
     from engine.kv import SparseConfig
-    from engine.kv_cache import KVCache
+    from engine.kv.pool import KVCache
 
     n = min(len(ids), args.context - NEW_DECODE - 16)
     from engine.loading.loader import read_config, resolve_source

@@ -1,4 +1,4 @@
-"""Speculative verification in CUDA graphs (engine.verify_graphs) against the eager
+"""Speculative verification in CUDA graphs (engine.runtime.verify_graphs) against the eager
 verification, on a GPU, over the tiered sparse cache with a GPU tier much smaller than the
 context (dummy fp32 SmolLM2-135M shape, three 1,500-token random prompts, batch 3 in the
 graph of 4).
@@ -29,7 +29,7 @@ def main() -> None:
     from engine import Engine, SamplingParams
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
-    from engine.scheduler import ScheduledSeq, SchedulerOutput
+    from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
     from engine.spec.decoder import SpecConfig, SpecDecoder
     from engine.spec.proposers import Draft, Proposer
 

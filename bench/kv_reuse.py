@@ -147,7 +147,7 @@ def main() -> None:
             max_num_batched_tokens=min(window, 16384) if args.device == "cuda" else 512,
         )
         if args.device == "cuda":  # room for the session, a restored copy and slack
-            from engine.kv_cache import KVCache
+            from engine.kv.pool import KVCache
             from engine.loading.loader import read_config, resolve_source
 
             mcfg = read_config(resolve_source(args.model))

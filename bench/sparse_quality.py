@@ -76,7 +76,7 @@ class Runner:
     single-token steps (sparse when the tiers have a config)."""
 
     def __init__(self, engine, ids: list[int]) -> None:
-        from engine.sequence import Sequence
+        from engine.runtime.sequence import Sequence
 
         self.engine, self.runner, self.P = engine, engine.runner, engine.config.page_size
         bm = engine.block_manager

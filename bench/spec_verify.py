@@ -14,12 +14,12 @@ graph: Python launches ~6,000 kernels per step, so wall time is launch-bound), a
 kernel time per step (sum of kernel durations from torch.profiler), the device cost that a
 graph replay approaches. The single-token step in a CUDA graph is the reference.
 
-`--graphs`: the verifications run in CUDA graphs (engine.verify_graphs: per batch size,
+`--graphs`: the verifications run in CUDA graphs (engine.runtime.verify_graphs: per batch size,
 k+1 and page budget; each union in a fixed width), so wall time is the measure; only the
 shared fetch then.
 
 `--chunks 1 4`: with --graphs, each verification captured as that many graphs, one run per
-value (engine.verify_graphs.VERIFY_CHUNKS). `--trace DIR`: each row's kernels in GPU order
+value (engine.runtime.verify_graphs.VERIFY_CHUNKS). `--trace DIR`: each row's kernels in GPU order
 (and the decode graph step's), for `python -m bench.trace_gaps`.
 
 python3 -m bench.spec_verify --context 131072 [--batches 1 8] [--graphs [--chunks 1 4]]
@@ -111,11 +111,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
-        "--graphs", action="store_true", help="verification in CUDA graphs (engine.verify_graphs)"
+        "--graphs",
+        action="store_true",
+        help="verification in CUDA graphs (engine.runtime.verify_graphs)",
     )
     ap.add_argument("--chunks", type=int, nargs="+", default=[4],
                     help="with --graphs: each verification in this many graphs (one run per "
-                    "value; engine.verify_graphs.VERIFY_CHUNKS)")  # fmt: skip
+                    "value; engine.runtime.verify_graphs.VERIFY_CHUNKS)")  # fmt: skip
     ap.add_argument("--recurring", type=float, default=0.0,
                     help="share of the pages a selection does not keep that come from pages "
                     "read before (0.86 measured on the default model, docs/quality.md; 0: all "
@@ -144,7 +146,7 @@ def main() -> None:
     from engine import Engine, SamplingParams, verify_graphs
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
-    from engine.scheduler import ScheduledSeq, SchedulerOutput
+    from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
     n, bmax = args.context, max(args.batches)
     window = n + 256

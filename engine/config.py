@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.hf_config import ROPE_TYPES, config_fields
+from engine.models.hf_config import ROPE_TYPES, config_fields
 
 
 @dataclass(slots=True)
@@ -30,8 +30,8 @@ class ModelConfig:
     o_bias: bool = False  # (with qkv_bias: Llama's and Qwen3's attention_bias)
     mlp_bias: bool = False
     qk_norm: bool = False
-    hidden_act: str = "silu"  # one of engine.hf_config.ACTIVATIONS
-    sliding_window: int | None = None  # on every layer (engine.hf_config refuses others)
+    hidden_act: str = "silu"  # one of engine.models.hf_config.ACTIVATIONS
+    sliding_window: int | None = None  # on every layer (engine.models.hf_config refuses others)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -81,7 +81,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         """From a Hugging Face config dict; refuses, by name, any setting the engine does
-        not compute (engine.hf_config)."""
+        not compute (engine.models.hf_config)."""
         return cls(**config_fields(cfg))
 
     @classmethod

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.step_context import StepContext
+from engine.layers.step_context import StepContext
 from kernels.rope_kv import apply_rope
 
 

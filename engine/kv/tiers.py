@@ -32,7 +32,7 @@ recall of the prediction, prefetch hits, waste, and the fetches left on the crit
 Everything in a decode step runs on the device with fixed shapes (slot allocation and
 eviction included), so the step can be captured in a CUDA graph.
 
-Prefill stays dense and exact (engine.attention); its rows go to the host tier and the
+Prefill stays dense and exact (engine.layers.attention); its rows go to the host tier and the
 summaries like any other.
 """
 

@@ -16,7 +16,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, ModelNotFoundError
-from engine.model import CausalLM
+from engine.models.causal_lm import CausalLM
 
 # Real model shapes for benchmarks with random weights (`dummy:llama-3.1-8b`).
 DUMMY_PRESETS: dict[str, dict[str, Any]] = {

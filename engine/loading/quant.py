@@ -31,7 +31,7 @@ from engine.loading.devices import cpu_has_amx
 from engine.loading.gguf_quants import INT4_TYPES, INT8_TYPES, int8_rows
 
 if TYPE_CHECKING:
-    from engine.model import CausalLM
+    from engine.models.causal_lm import CausalLM
 
 GROUP_SIZE = 32  # GGUF Q4 block: one scale and zero per 32 weights along K
 _FUSED = {  # our fused module -> its HF parts, in loader.py's row order

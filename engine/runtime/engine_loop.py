@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
-from engine.detokenizer import Detokenizer
 from engine.errors import ContextTooLongError, EngineError
-from engine.model_runner import ModelRunner
+from engine.runtime.block_manager import BlockManager
+from engine.runtime.detokenizer import Detokenizer
 from engine.runtime.kv_sizing import check_gpu_tier, check_pool_size, num_pages
 from engine.runtime.kv_stats import kv_stats
+from engine.runtime.model_runner import ModelRunner
 from engine.runtime.requests import Request, StreamEvent
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import Sequence
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
 
 if TYPE_CHECKING:
-    from engine.session import EngineSession
+    from engine.kv.session import EngineSession
 
 
 class EngineLoop:
@@ -194,7 +194,7 @@ class EngineLoop:
         """Verify every sequence's draft in one forward, then commit the emitted tokens one
         at a time, as single decode steps would (a stop ends the sequence there), and roll
         back what the rejected positions took."""
-        from engine.scheduler import ScheduledSeq, SchedulerOutput
+        from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
         emitted = self.spec.verify(out, drafts, probs)
         now = time.perf_counter()
@@ -215,7 +215,7 @@ class EngineLoop:
 
     def _plan_ahead(self, out):
         """The step after `out` if it is certain to be the same greedy decode batch, else None."""
-        from engine.scheduler import ScheduledSeq, SchedulerOutput
+        from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
         if self.spec is not None:  # each step may draft: nothing is certain
             return None
@@ -292,7 +292,7 @@ class EngineLoop:
         far, rendered again by the next append(). `snapshot`: a KV snapshot file to restore
         the session's pages from; one that does not match this engine is refused
         (session.snapshot_error says why) and the next turn prefills as usual."""
-        from engine.session import EngineSession
+        from engine.kv.session import EngineSession
 
         session = self.sessions.get(session_id)
         if session is None:
@@ -312,7 +312,7 @@ class EngineLoop:
     def kv_identity(self) -> dict[str, str]:
         """What KV computed by this engine depends on; a snapshot must match all of it."""
         if self._identity is None:
-            from engine.snapshot import engine_identity
+            from engine.kv.snapshot import engine_identity
 
             self._identity = engine_identity(self)
         return dict(self._identity)

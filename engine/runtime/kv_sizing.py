@@ -20,7 +20,7 @@ def num_pages(
     cfg, P = config, config.page_size
     if cfg.num_pages:
         return cfg.num_pages
-    from engine.kv_cache import KVCache
+    from engine.kv.pool import KVCache
 
     page_bytes = KVCache.bytes_per_page(model_config, P, dtype)
     if cfg.kv_cache_memory:
@@ -29,7 +29,7 @@ def num_pages(
     if device.type == "cuda" and cfg.sparse is not None:
         # the pool is the host tier (pinned host memory): room for the windows, capped at
         # half of the host memory available
-        from engine.kv_cache import host_memory_available
+        from engine.kv.pool import host_memory_available
 
         avail = host_memory_available() or (8 << 30)
         want = window_pages * cfg.max_num_seqs
@@ -53,7 +53,7 @@ def check_pool_size(
     """CacheFullError when the KV pool cannot fit where it goes: host memory (the CPU,
     or the host tier of a sparse GPU run), else the GPU (1e14 bytes of --host-kv-budget
     once took minutes and GiBs in the block manager before the pool's own check)."""
-    from engine.kv_cache import KVCache, check_host_memory
+    from engine.kv.pool import KVCache, check_host_memory
 
     need = pages * KVCache.bytes_per_page(model_config, config.page_size, dtype)
     if device.type == "cpu" or config.sparse is not None:

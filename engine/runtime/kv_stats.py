@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.block_manager import BlockManager
+from engine.runtime.block_manager import BlockManager
 
 
 def kv_stats(block_manager: BlockManager, tiers, page_size: int, device: torch.device) -> dict:

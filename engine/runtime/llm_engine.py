@@ -29,8 +29,8 @@ from engine.loading.loader import (
 from engine.runtime.chat_ids import pinned_chat_ids
 from engine.runtime.engine_loop import EngineLoop
 from engine.runtime.requests import Completion, Stream
+from engine.runtime.sequence import Sequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 
 
 class Engine(EngineLoop):
@@ -136,7 +136,7 @@ def prompt_logits(engine: Engine, token_ids: list[int]) -> torch.Tensor:
 
     For correctness checks and perplexity; it borrows pages (bypassing the prefix cache, so
     every position is computed) and returns them."""
-    from engine.scheduler import ScheduledSeq, SchedulerOutput
+    from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
     if len(token_ids) > engine.max_model_len:  # (this pass samples nothing: == fits)
         note = engine.model_config.window_note

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.detokenizer import Detokenizer
-from engine.sequence import Sequence
+from engine.runtime.detokenizer import Detokenizer
+from engine.runtime.sequence import Sequence
 
 if TYPE_CHECKING:
+    from engine.kv.session import EngineSession
     from engine.runtime.engine_loop import EngineLoop
-    from engine.session import EngineSession
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import EngineError
-from engine.sampler import filter_logits, penalize
+from engine.layers.sampler import filter_logits, penalize
 from engine.spec.accept import accept_greedy, accept_sampling
 from engine.spec.proposers import (
     AdaptiveLength,
@@ -98,7 +98,7 @@ def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
                           cfg.sinks, cfg.window, cfg.max_k)  # fmt: skip
         return draft if mode == "self" else LookupOrSelf(LookupProposer(), draft)
     from engine import Engine
-    from engine.rope import RotaryEmbedding
+    from engine.layers.rope import RotaryEmbedding
 
     draft = Engine.load(mode.removeprefix("draft:"), device=engine.device, dtype=engine.dtype,
                         weights="dense")  # fmt: skip
@@ -169,7 +169,7 @@ class SpecDecoder:
     def verify(self, out, drafts: dict[int, list[int]], probs: dict) -> dict[int, list[int]]:
         """One target forward over every sequence's k+1 positions; returns the emitted tokens
         of each sequence (1 to k+1)."""
-        from engine.scheduler import ScheduledSeq, SchedulerOutput
+        from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
         width = max(len(d) for d in drafts.values())
         items = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampler import filter_logits
+from engine.layers.sampler import filter_logits
 from engine.spec.lookup import PromptLookup, TokenHistory
 from engine.spec.ring import RingKV, ring_forward
 

@@ -167,7 +167,7 @@ def test_refusals_are_one_line(tmp_path):
 def test_random_gguf_has_the_shape_and_llama3_rope_factors(tmp_path):
     import gguf
 
-    from engine.rope import _llama3_inv_freq, base_inv_freq
+    from engine.layers.rope import _llama3_inv_freq, base_inv_freq
 
     path = random_gguf.write(tmp_path / "tiny.gguf", TINY, "tiny", seed=1)
     reader = gguf.GGUFReader(path)

@@ -118,7 +118,7 @@ def test_cpu_bf16_tracks_fp32(checkpoint):
 def test_lower_right_causal_matches_the_masked_reference(q_len, kv_len):
     import torch.nn.functional as F
 
-    from engine.attention import causal_mask, lower_right_causal
+    from engine.layers.attention import causal_mask, lower_right_causal
 
     g = torch.Generator().manual_seed(q_len)
     q = torch.randn(1, 8, q_len, 16, generator=g)
@@ -138,7 +138,7 @@ def test_gather_from_the_host_tier_matches_gather_kv(use_triton):
 
     if use_triton and not (HAS_TRITON and INTERPRET):
         pytest.skip("the Triton path runs here under TRITON_INTERPRET=1")
-    from engine.attention import gather_kv, gather_kv_from_host
+    from engine.layers.attention import gather_kv, gather_kv_from_host
 
     g = torch.Generator().manual_seed(0)
     kv = torch.randn(9, 3, 2, 16, 8, generator=g)  # [pages, Hkv, 2, P, D]
@@ -154,7 +154,7 @@ def test_host_tier_prefill_attention_matches_dense(use_triton):
     last page), against SDPA over the whole gathered context with the causal mask."""
     import torch.nn.functional as F
 
-    from engine.attention import causal_mask, gather_kv, host_tier_attention
+    from engine.layers.attention import causal_mask, gather_kv, host_tier_attention
     from kernels import HAS_TRITON, INTERPRET
 
     if use_triton and not (HAS_TRITON and INTERPRET):
@@ -177,7 +177,7 @@ def test_a_step_cancelled_in_flight_is_not_planned_again(checkpoint):
     """On a GPU the next decode step is planned while one is in flight; a sequence cancelled
     meanwhile is finished (its blocks freed): planning it again took blocks for its whole
     length, never returned (found with a 128K context, which then left no room)."""
-    from engine.scheduler import ScheduledSeq, SchedulerOutput
+    from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
     engine = load_engine(checkpoint)
     req = engine.add_request(prompts()[3], SamplingParams(max_tokens=20, ignore_eos=True))

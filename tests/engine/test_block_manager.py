@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager, compute_block_hash
-from engine.sequence import Sequence
+from engine.runtime.block_manager import BlockManager, compute_block_hash
+from engine.runtime.sequence import Sequence
 
 BS = 4
 

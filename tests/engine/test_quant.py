@@ -137,7 +137,7 @@ def test_int8_linear_dense_path_and_misaligned_inputs() -> None:
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_kernels_are_row_independent(kind: str) -> None:
-    """What verification steps rely on (engine.model.row_exact): a row's output does not
+    """What verification steps rely on (engine.models.causal_lm.row_exact): a row's output does not
     depend on the rows computed with it."""
     if kind == "int4":
         q, scale, zero = _random_q4(80, 128)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import filter_logits, penalize, sample
+from engine.layers.sampler import filter_logits, penalize, sample
 from engine.sampling_params import SamplingParams
 
 

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.errors import CacheFullError
+from engine.runtime.block_manager import BlockManager
+from engine.runtime.scheduler import Scheduler, SchedulerOutput
+from engine.runtime.sequence import SeqStatus, Sequence
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import SeqStatus, Sequence
 
 BS = 4
 

@@ -1,4 +1,4 @@
-"""KV reuse across turns and restarts (engine.session, engine.snapshot), with the real
+"""KV reuse across turns and restarts (engine.kv.session, engine.kv.snapshot), with the real
 default model in exact fp32 mode: turn 2 prefills only its new tokens and answers exactly
 as a cold run over the same prompt; snapshots restore that in another process; mismatched
 or damaged snapshots are refused and the engine prefills instead."""
@@ -15,7 +15,7 @@ import pytest
 
 from engine import Engine, SamplingParams
 from engine.config import EngineConfig
-from engine.snapshot import SnapshotError, load_snapshot, read_header
+from engine.kv.snapshot import SnapshotError, load_snapshot, read_header
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

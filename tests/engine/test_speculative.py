@@ -188,7 +188,7 @@ def test_rings_do_not_grow_with_the_context(checkpoint):
 def test_verification_attention_is_each_query_alone():
     """The CPU verification path computes each query's attention bit for bit as the
     single-token decode path does (so greedy speculation reproduces plain decoding)."""
-    from engine.attention import _decode_attention_cpu, _verify_attention_cpu
+    from engine.layers.attention import _decode_attention_cpu, _verify_attention_cpu
 
     g = torch.Generator().manual_seed(1)
     Hkv, G, D = 3, 3, 64
@@ -212,7 +212,7 @@ def test_fixed_union_width_is_exact_or_flags_overflow(checkpoint):
     pages in a fixed width: where the unions fit it gives the logits of the eager
     verification (whose width is the largest union), and where one does not fit it raises
     the overflow flag (the runner then verifies eagerly) instead of silently dropping pages."""
-    from engine.scheduler import ScheduledSeq, SchedulerOutput
+    from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
     engine = load_engine(checkpoint, sparse=SparseConfig(budget_fraction=0.25))
     reqs = [engine.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))
@@ -271,13 +271,13 @@ def test_lookup_and_self_is_lookup_where_it_matches_else_self(checkpoint):
 
 
 def test_verify_staging_matches_the_list_tables():
-    """The verification graph's inputs written with numpy (engine.verify_graphs) are the
+    """The verification graph's inputs written with numpy (engine.runtime.verify_graphs) are the
     lists the eager path builds: each field's first B * T rows, the lengths, and each
     table padded with the scratch page to the end of its row; the padding rows (up to n
     sequences, tables up to the graph's `size`) read and write the scratch page only."""
     import numpy as np
 
-    from engine.verify_graphs import fill_verify_staging, verify_layout
+    from engine.runtime.verify_graphs import fill_verify_staging, verify_layout
 
     n, T, max_pages, size, scratch, P = 4, 3, 10, 2, 99, 16
     lay = verify_layout(n, T, max_pages)
@@ -305,7 +305,7 @@ def test_verify_staging_matches_the_list_tables():
 def test_a_layer_hook_sees_each_layer_in_order_and_changes_nothing(checkpoint, monkeypatch):
     """StepContext.layer_hook (where a verification's graph capture splits, engine.
     verify_graphs) is called after every layer in order and leaves the outputs as they are."""
-    from engine.model import CausalLM
+    from engine.models.causal_lm import CausalLM
 
     want = [c.token_ids for c in load_engine(checkpoint).generate(prompts()[:2], PARAMS)]
     seen: list[list[int]] = []
@@ -331,7 +331,7 @@ def test_verify_staging_rewrites_only_what_may_have_changed():
 
     import numpy as np
 
-    from engine.verify_graphs import fill_verify_staging, verify_layout
+    from engine.runtime.verify_graphs import fill_verify_staging, verify_layout
 
     rng = random.Random(0)
     n, T, max_pages, scratch, P = 4, 2, 40, 999, 4
@@ -371,9 +371,9 @@ def test_verify_staging_rewrites_only_what_may_have_changed():
 
 
 def test_verify_graph_pieces_double_from_one_layer():
-    """A verification's graphs (engine.verify_graphs): pieces of 1, 2, 4, ... layers, the
+    """A verification's graphs (engine.runtime.verify_graphs): pieces of 1, 2, 4, ... layers, the
     last the rest, every layer in exactly one piece, at most the pieces asked for."""
-    from engine.verify_graphs import verify_cuts
+    from engine.runtime.verify_graphs import verify_cuts
 
     assert sorted(verify_cuts(32, 4)) == [0, 2, 6]  # 1, 2, 4 and 25 layers
     assert sorted(verify_cuts(32, 5)) == [0, 2, 6, 14]  # ... 8 and 17

@@ -4,7 +4,7 @@ under test (every call passes through unchanged):
 
 - tool calls: tools.registry.run_tool;
 - session imports: sessions.session_file.import_session, and `agentctx sessions import`;
-- snapshot loads: engine.snapshot.load_snapshot (a session opened from a snapshot);
+- snapshot loads: engine.kv.snapshot.load_snapshot (a session opened from a snapshot);
 - model configs: engine.config.ModelConfig.from_hf (every checkpoint, GGUF or dummy config);
 - CLI runs: `python -m agentctx` processes (those that import or continue count there too).
 
@@ -64,7 +64,7 @@ def _counted(kind: str, fn):
 
 def pytest_configure(config) -> None:
     import engine.config
-    import engine.snapshot
+    import engine.kv.snapshot
     import sessions.session_file
     import tools.registry
 
@@ -72,7 +72,7 @@ def pytest_configure(config) -> None:
     sessions.session_file.import_session = _counted(
         "session imports", sessions.session_file.import_session
     )
-    engine.snapshot.load_snapshot = _counted("snapshot loads", engine.snapshot.load_snapshot)
+    engine.kv.snapshot.load_snapshot = _counted("snapshot loads", engine.kv.snapshot.load_snapshot)
     from_hf = engine.config.ModelConfig.from_hf.__func__
     engine.config.ModelConfig.from_hf = classmethod(_counted("model configs", from_hf))
     popen_init = subprocess.Popen.__init__

@@ -1,6 +1,6 @@
 """Real KV snapshots for the reliability tests: a tiny engine with random weights (no
 tokenizer: it takes token ids), a snapshot it writes, and headers rewritten with their
-checksum recomputed, as an attacker who read engine/snapshot_header.py would write them."""
+checksum recomputed, as an attacker who read engine/kv/snapshot_header.py would write them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.snapshot_header import header_crc
+from engine.kv.snapshot_header import header_crc
 
 TINY = {
     "architectures": ["LlamaForCausalLM"],

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from agentctx.kv_snapshots import prune
-from engine.snapshot import load_snapshot
-from engine.snapshot_header import METADATA_KEYS, SnapshotError, remove_stale_temps
+from engine.kv.snapshot import load_snapshot
+from engine.kv.snapshot_header import METADATA_KEYS, SnapshotError, remove_stale_temps
 from sessions.store import SessionStore
 from tests.reliability.session_file_support import private_home
 from tests.reliability.snapshot_support import (

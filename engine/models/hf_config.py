@@ -39,7 +39,7 @@ MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-# hidden_act values engine.model computes as transformers' ACT2FN does
+# hidden_act values engine.models.causal_lm computes as transformers' ACT2FN does
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new")
 # rope types, each with the parameters it needs and those it reads
 ROPE_REQUIRED: dict[str, tuple[str, ...]] = {
@@ -274,7 +274,7 @@ def _positive(arch: str, window: int | None) -> int | None:
 
 
 def _rope(cfg: dict[str, Any], arch: str, max_pos: int) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling with its rope_type) or refuses what engine.rope lacks."""
+    """(rope_theta, rope_scaling with its rope_type) or refuses what engine.layers.rope lacks."""
     # transformers 4.x: rope_scaling={"type"|"rope_type": ...}; 5.x: rope_parameters
     field = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
     scaling = cfg.get(field) or {}

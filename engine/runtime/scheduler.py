@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_manager import BlockManager
 from engine.errors import CacheFullError
-from engine.sequence import SeqStatus, Sequence
+from engine.runtime.block_manager import BlockManager
+from engine.runtime.sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """Verification steps of speculative decoding in CUDA graphs, for the tiered sparse cache
-(whose attention needs no host-side lists). A mixin of engine.model_runner.ModelRunner."""
+(whose attention needs no host-side lists). A mixin of engine.runtime.model_runner.ModelRunner."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from engine.step_context import StepContext
+from engine.layers.step_context import StepContext
 
 # pieces of one verification graph: its capture ends a graph and begins the next between
 # layers, so that the GPU runs the first piece while the host launches the rest (a graph's

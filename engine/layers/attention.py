@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.step_context import StepContext
+from engine.layers.step_context import StepContext
 
 
 def gather_kv(

@@ -26,15 +26,15 @@ class StepContext:
     decode_only: bool = False
     sliding_window: int | None = None
     prefill_attn_dtype: torch.dtype | None = None  # fast mode: prefill attention in bf16
-    dense_kv: list | None = None  # per sequence: an engine.dense_kv.DenseKV, or None (CPU)
+    dense_kv: list | None = None  # per sequence: an engine.kv.dense_kv.DenseKV, or None (CPU)
     # the tiered cache (engine.kv.TieredKV) when sparse decode is on, with the step's
     # per-sequence block tables [B, max_pages] and lengths [B] (int32, device side)
     tiers: object | None = None
     tier_tables: torch.Tensor | None = None
     tier_lens: torch.Tensor | None = None
     # a verification (speculative decoding): each query token must compute exactly what a
-    # single-token decode step at its position would (row_exact in engine.model)
+    # single-token decode step at its position would (row_exact in engine.models.causal_lm)
     verify: bool = False
     # called with each layer's index after the layer (a verification graph's capture ends
-    # one graph and begins the next there: engine.verify_graphs)
+    # one graph and begins the next there: engine.runtime.verify_graphs)
     layer_hook: object | None = None

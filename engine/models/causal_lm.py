@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import paged_attention
 from engine.config import ModelConfig
-from engine.step_context import StepContext
+from engine.layers.attention import paged_attention
+from engine.layers.step_context import StepContext
 from kernels.rmsnorm import rmsnorm
 from kernels.rope_kv import apply_rope, rope_kv
 from kernels.silu_mul import silu_mul
@@ -24,7 +24,7 @@ def gelu_mul(gate_up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return F.gelu(gate, approximate=approximate) * up
 
 
-# act(gate) * up for each hidden_act the config may name (engine.hf_config.ACTIVATIONS), as
+# act(gate) * up for each hidden_act the config may name (engine.models.hf_config.ACTIVATIONS), as
 # transformers' ACT2FN computes it: gelu_new is the tanh approximation written out
 ACT_MUL = {
     "silu": silu_mul,

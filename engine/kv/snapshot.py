@@ -17,7 +17,7 @@ and the taken pages go back to the free list: mismatched KV is never used.
 
 Writing streams the pages out chunk by chunk (no whole copy in memory), into a temporary
 file that replaces the target only when complete. The header is read and checked, field by
-field, in engine.snapshot_header, which also removes the temporary files of killed writers.
+field, in engine.kv.snapshot_header, which also removes the temporary files of killed writers.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from engine.snapshot_header import (
+from engine.kv.snapshot_header import (
     FORMAT,
     LAYOUT_VERSION,
     SnapshotError,

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from engine.sequence import Sequence
+from engine.runtime.sequence import Sequence
 
 
 def compute_block_hash(token_ids: Seq[int], parent_hash: bytes | None) -> bytes:

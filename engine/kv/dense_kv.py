@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import gather_kv
+from engine.layers.attention import gather_kv
 
 
 class DenseKV:

@@ -9,7 +9,7 @@ If the chat template renders the earlier turns differently from the tokens the m
 where, and how many tokens were reused.
 
 The pages can be saved to a KV snapshot file and restored in another process
-(engine.snapshot), so a resumed session prefills only its new tokens.
+(engine.kv.snapshot), so a resumed session prefills only its new tokens.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class EngineSession:
         self.snapshot_error: str | None = None  # why a snapshot was refused
         self.restored_tokens = 0  # tokens whose KV came from a snapshot
         self._active: Stream | None = None
-        self._dense_kv = None  # engine.dense_kv.DenseKV of the last turn (CPU), if any
+        self._dense_kv = None  # engine.kv.dense_kv.DenseKV of the last turn (CPU), if any
         self.closed = False
 
     @property
@@ -131,7 +131,7 @@ class EngineSession:
 
     def save(self, path) -> dict:
         """Write the session's pages and tokens to a KV snapshot file (atomically)."""
-        from engine.snapshot import save_snapshot
+        from engine.kv.snapshot import save_snapshot
 
         self._check_open()
         if self.busy:
@@ -143,7 +143,7 @@ class EngineSession:
         """Take pages and tokens from a snapshot file. A file that does not match this
         engine, or fails its checksums, is refused: `snapshot_error` says why, nothing is
         used, and the next turn prefills. Returns whether the KV was restored."""
-        from engine.snapshot import SnapshotError, load_snapshot
+        from engine.kv.snapshot import SnapshotError, load_snapshot
 
         self._check_open()
         if self.token_ids:

@@ -8,14 +8,14 @@ import time
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.dense_kv import DenseKV
-from engine.kv_cache import KVCache
-from engine.model import CausalLM
-from engine.rope import RotaryEmbedding
-from engine.sampler import sample
-from engine.scheduler import SchedulerOutput
-from engine.step_context import StepContext
-from engine.verify_graphs import VerifyGraphs
+from engine.kv.dense_kv import DenseKV
+from engine.kv.pool import KVCache
+from engine.layers.rope import RotaryEmbedding
+from engine.layers.sampler import sample
+from engine.layers.step_context import StepContext
+from engine.models.causal_lm import CausalLM
+from engine.runtime.scheduler import SchedulerOutput
+from engine.runtime.verify_graphs import VerifyGraphs
 
 
 class ModelRunner(VerifyGraphs):
@@ -68,7 +68,7 @@ class ModelRunner(VerifyGraphs):
         self.graph_sizes = self._graph_sizes() if self.use_graphs else []
         # verification in CUDA graphs (EngineConfig.verify_graphs; tiered cache only)
         self.verify_graphs = self.use_graphs and self.tiers is not None and engine_cfg.verify_graphs
-        # per key, the graphs one verification replays in order (engine.verify_graphs)
+        # per key, the graphs one verification replays in order (engine.runtime.verify_graphs)
         self.vgraphs: dict[tuple[int, int, int], list[torch.cuda.CUDAGraph]] = {}
         self.vgraph_logits: dict[tuple[int, int, int], torch.Tensor] = {}
         self.vbuf: dict[int, dict[str, torch.Tensor]] = {}  # per T: inputs and their staging

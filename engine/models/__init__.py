@@ -1,0 +1,1 @@
+"""The decoder-only language model and the Hugging Face config fields it accepts."""
