@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessions.errors import SessionError
+
 ROOT_KINDS = ("repo", "book", "none")
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("complete", "interrupted", "error")
@@ -13,6 +15,16 @@ STATUSES = ("complete", "interrupted", "error")
 
 def _json(text: str | None, default: Any) -> Any:
     return default if text is None else json.loads(text)
+
+
+def to_json(value: Any) -> str | None:
+    """A value as the store's JSON text (None stays NULL)."""
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def check_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise SessionError(f"unknown {what} {value!r} (expected one of {', '.join(allowed)})")
 
 
 @dataclass

@@ -16,9 +16,8 @@ What import refuses, beyond a wrong shape: an id not of the store's own form ("s
 hex digits; it names the KV file), a name the store would not accept from a user, an id or
 name that clashes with any existing session's id or name, a timestamp not written the way
 the store writes them, a string that is not valid UTF-8 (a lone surrogate escape), an
-integer field outside SQLite's 64 bits, NaN or Infinity, JSON nested more than
-MAX_NESTING deep, and a line over MAX_LINE_CHARS characters (sessions.session_records
-checks each record).
+integer field outside SQLite's 64 bits, NaN or Infinity, JSON nested more than MAX_NESTING
+deep, and a line over MAX_LINE_CHARS characters (sessions.session_records checks each record).
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from sessions.errors import SessionFileError, StoreError
-from sessions.models import Session
+from sessions.identifiers import utc_now
+from sessions.models import Session, to_json
 from sessions.session_records import (
     FIELDS,
     FORMAT,
@@ -47,7 +47,7 @@ from sessions.session_records import (
     parse_line,
     short,
 )
-from sessions.store import SessionStore, to_json, utc_now
+from sessions.store import SessionStore
 
 __all__ = ["export_session", "finite", "import_session", "open_session_file", "read_session_file"]
 

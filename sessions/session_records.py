@@ -15,8 +15,9 @@ import math
 from typing import Any
 
 from sessions.errors import SessionError, SessionFileError
+from sessions.identifiers import check_name as _check_name
+from sessions.identifiers import is_session_id, is_timestamp, utc_now
 from sessions.models import ROLES, ROOT_KINDS, STATUSES
-from sessions.store import _check_name, is_session_id, is_timestamp, utc_now
 
 FORMAT = "agentctx-session"
 VERSION = 2  # the version export writes

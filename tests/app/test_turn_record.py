@@ -34,12 +34,12 @@ def test_the_question_is_stored_before_the_answer_and_the_answer_as_it_streams(s
         ("assistant", "", "interrupted"),  # what a kill -9 now would leave
     ]
     record.stream(lambda: "It is")
-    assert store.message(record.answer_id).content == "It is"  # the first text: at once
+    assert store.message_table.get(record.answer_id).content == "It is"  # the first text: at once
     record.stream(lambda: "It is one")  # within FLUSH_S of the last write: not yet
-    assert store.message(record.answer_id).content == "It is"
+    assert store.message_table.get(record.answer_id).content == "It is"
     record._last -= 1.0  # (a second later)
     record.stream(lambda: "It is one.")
-    assert store.message(record.answer_id).content == "It is one."
+    assert store.message_table.get(record.answer_id).content == "It is one."
     session = record.finish(TurnResult("It is one.", "stop", {"completion_tokens": 4}), "complete")
     answer = store.messages(session.id)[-1]
     assert (answer.content, answer.status, answer.tokens) == ("It is one.", "complete", 4)

@@ -67,7 +67,7 @@ def test_database_from_previous_schema_keeps_its_data(tmp_path):
             "m003_message_token_ids",
         ]
         # The new column works, and the old data can grow.
-        assert store.set_title("old", "Old times").title == "Old times"
+        assert store.session_table.set_title("old", "Old times").title == "Old times"
         assert store.add_message(s.id, "assistant", "still here").seq == 2
         assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 

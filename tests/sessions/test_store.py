@@ -118,7 +118,7 @@ def test_an_answers_token_ids_are_kept_across_opens(tmp_path):
         answer = store.add_message(s.id, "assistant", "", status="interrupted")
         assert question.token_ids is None and answer.token_ids is None
         store.update_message(answer.id, content="It st")
-        assert store.message(answer.id).token_ids is None  # (a partial answer: none)
+        assert store.message_table.get(answer.id).token_ids is None  # (a partial answer: none)
         store.update_message(answer.id, content="It starts.", token_ids=[40, 8601, 13])
         store.update_message(answer.id, status="complete")  # (others are left as they are)
         pinned = store.add_message(s.id, "assistant", "Yes.", token_ids=[9520, 13])
@@ -126,7 +126,7 @@ def test_an_answers_token_ids_are_kept_across_opens(tmp_path):
         got = store.messages(s.id)
         assert [m.token_ids for m in got] == [None, [40, 8601, 13], [9520, 13]]
         assert got[1].content == "It starts." and got[1].status == "complete"
-        assert store.message(pinned.id).token_ids == [9520, 13]
+        assert store.message_table.get(pinned.id).token_ids == [9520, 13]
 
 
 def test_add_message_touches_updated(store):
@@ -140,7 +140,7 @@ def test_tool_calls_and_manifests(store):
     m = store.add_message(s.id, "assistant", "reading")
     call = store.add_tool_call(s.id, "read_file", {"path": "main.py"}, message_id=m.id)
     assert call.result is None
-    call = store.update_tool_call(call.id, result="print('hi')")
+    call = store.tool_call_table.update(call.id, result="print('hi')")
     failed = store.add_tool_call(s.id, "read_file", {"path": "../x"}, error="path escapes root")
     assert [(c.name, c.arguments, c.result, c.error) for c in store.tool_calls(s.id)] == [
         ("read_file", {"path": "main.py"}, "print('hi')", None),
@@ -196,4 +196,4 @@ def test_persists_across_opens(tmp_path):
 def test_title(store):
     s = store.create("/a", "repo", "m", title="First question")
     assert s.title == "First question"
-    assert store.set_title(s.id, "Better").title == "Better"
+    assert store.session_table.set_title(s.id, "Better").title == "Better"

@@ -47,12 +47,12 @@ def test_writes_while_another_connection_holds_the_write_lock(tmp_path):
         writes = {
             "create": lambda: store.create("/b", "repo", "m"),
             "rename": lambda: store.rename(s.id, "b"),
-            "set_title": lambda: store.set_title(s.id, "t"),
+            "set_title": lambda: store.session_table.set_title(s.id, "t"),
             "delete": lambda: store.delete(s.id),
             "add_message": lambda: store.add_message(s.id, "assistant", "hello"),
             "update_message": lambda: store.update_message(m.id, content="changed"),
             "add_tool_call": lambda: store.add_tool_call(s.id, "cat", {}),
-            "update_tool_call": lambda: store.update_tool_call(call.id, result="x"),
+            "update_tool_call": lambda: store.tool_call_table.update(call.id, result="x"),
             "add_manifest": lambda: store.add_manifest(s.id, files=[]),
         }
         for name, write in writes.items():
@@ -108,7 +108,7 @@ def test_values_sqlite_cannot_hold(store):
     with pytest.raises(StoreError, match="too large"):
         store.add_message(s.id, "user", "x", tokens=2**70)
     with pytest.raises(StoreError, match="not valid UTF-8"):
-        store.set_title(s.id, "\ud800")
+        store.session_table.set_title(s.id, "\ud800")
     assert store.messages(s.id) == [] and store.get(s.id).title is None
     assert store.add_message(s.id, "user", "fine").seq == 1
 
