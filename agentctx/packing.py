@@ -133,9 +133,19 @@ def pack_repository(
     text, tokens = _join_within_budget(prefix, chosen, suffix, budget, count_tokens)
     if not suffix or not text.endswith(suffix):
         excerpts = []
-    packed = _context(base, repo_map, ranked, chosen, full_tokens, unread, text, tokens, budget)
-    packed.excerpts = excerpts
-    return packed
+    files = [
+        PackedFile(
+            r.path, r.tokens, "full" if r.shown == r.total else "truncated", r.shown, r.total
+        )
+        for r in (chosen[rank] for rank in sorted(chosen))
+    ]
+    summary = MapSummary(repo_map.tokens, repo_map.files, repo_map.listed, repo_map.detail,
+                         repo_map.notes)  # fmt: skip
+    omitted = _omitted(repo_map, ranked, chosen, full_tokens, unread)
+    return PackedContext(
+        text, files, omitted, tokens, head_commit(base), summary, budget,
+        _warnings(repo_map, files, budget), excerpts,
+    )  # fmt: skip
 
 
 def _read_all(base: Path, max_file_bytes: int) -> tuple[dict[str, str], dict]:
@@ -191,7 +201,8 @@ def _choose(ranked, texts, lines_of, room, count_tokens):
     return chosen, full_tokens
 
 
-def _context(base, repo_map: RepoMap, ranked, chosen, full_tokens, unread, text, tokens, budget):
+def _omitted(repo_map: RepoMap, ranked, chosen, full_tokens, unread) -> list[OmittedFile]:
+    """The files left out or cut, with how the map shows each."""
     omitted: list[OmittedFile] = []
     for rank, path in enumerate(ranked):
         how = repo_map.shown.get(path, "")
@@ -202,14 +213,10 @@ def _context(base, repo_map: RepoMap, ranked, chosen, full_tokens, unread, text,
             omitted.append(OmittedFile(path, left_out, REASON_TRUNCATED, how))
     for path, (reason, _) in unread.items():
         omitted.append(OmittedFile(path, None, reason, repo_map.shown.get(path, "")))
-    files = [
-        PackedFile(
-            r.path, r.tokens, "full" if r.shown == r.total else "truncated", r.shown, r.total
-        )
-        for r in (chosen[rank] for rank in sorted(chosen))
-    ]
-    summary = MapSummary(repo_map.tokens, repo_map.files, repo_map.listed, repo_map.detail,
-                         repo_map.notes)  # fmt: skip
+    return omitted
+
+
+def _warnings(repo_map: RepoMap, files: list[PackedFile], budget: int) -> list[str]:
     warnings = []
     if not files:
         warnings.append(
@@ -220,7 +227,7 @@ def _context(base, repo_map: RepoMap, ranked, chosen, full_tokens, unread, text,
         warnings.append(
             f"the repository map names only {repo_map.listed:,} of {repo_map.files:,} files"
         )
-    return PackedContext(text, files, omitted, tokens, head_commit(base), summary, budget, warnings)
+    return warnings
 
 
 def _project_names(base: Path, texts: dict[str, str]) -> frozenset[str]:
