@@ -8,7 +8,9 @@ N+1 starts with exactly the tokens of turn N.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentctx.agent import DEFAULT_MAX_STEPS, TOOL_PROMPTS, with_tool_prompt  # noqa: F401
 from agentctx.packing import MAP_SHARE, PackedContext, pack_repository, summary_line
@@ -79,6 +81,18 @@ def pack_for(engine, root, question, max_tokens, context_tokens, kind="repo") ->
     )
 
 
+@dataclass(slots=True)
+class TurnLinks:
+    """What a running turn is tied to besides its output: `session`, an engine session
+    (engine.open_session) whose pinned KV the steps reuse; `record`, an
+    agentctx.turn_record.TurnRecord that stores the answer as it streams; `on_stream`,
+    called with each step's stream, so the caller can cancel it."""
+
+    session: Any = None
+    record: Any = None
+    on_stream: Callable[[Any], None] | None = None
+
+
 def run_turn(
     engine,
     messages: list[dict],
@@ -87,17 +101,13 @@ def run_turn(
     root: str | None = None,
     kind: str = "repo",
     max_steps: int = DEFAULT_MAX_STEPS,
-    on_stream=None,
-    session=None,
-    record=None,
+    links: TurnLinks | None = None,
 ) -> TurnResult:
     """One turn: stream the answer to `output`, calling tools first when the model's chat
     template takes them (see agentctx.agent). Ctrl-C cancels generation; the partial answer
     is kept and KeyboardInterrupt is raised again with it attached (`.partial`). A stream
     cancelled from another thread (the TUI's Esc) ends the turn with reason "cancelled".
-    `on_stream(stream)` is called with each step's stream, so the caller can cancel it.
-    `session`: an engine session (engine.open_session) whose pinned KV the steps reuse.
-    `record`: an agentctx.turn_record.TurnRecord that stores the answer as it streams."""
+    `links`: the engine session, the record and the stream callback (TurnLinks)."""
     from agentctx.agent import (
         ANSWER_NOW,
         ToolStep,
@@ -116,6 +126,8 @@ def run_turn(
     from engine import ContextTooLongError
     from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
 
+    links = links or TurnLinks()
+    session, record, on_stream = links.session, links.record, links.on_stream
     fmt = engine_tool_format(engine) if root and max_steps > 0 else None
     names = BOOK_TOOLS if kind == "book" else REPO_TOOLS
     tools = schemas(names) if fmt else None

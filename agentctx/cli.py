@@ -146,7 +146,8 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
     SIGINT, SIGTERM, SIGHUP and even kill -9 leave it stored, marked interrupted)."""
-    from agentctx.ask import history_messages, new_session_messages, open_engine_session
+    from agentctx.ask import history_messages
+    from agentctx.conversation import Conversation, Turn
     from agentctx.output import JsonOutput, TextOutput
     from agentctx.turn_record import TurnRecord
     from tools.repo_files import resolve_root
@@ -182,44 +183,45 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         model = resolve_model(model or (session.model if session is not None else None))
         if not as_json:
             output.info("loading model...")
-        from engine import Engine, SamplingParams  # (torch: after what can fail at once)
+        from engine import SamplingParams  # (torch: after what can fail at once)
 
-        engine = Engine.load(model, device=device, weights=weights, config=config)
+        convo = Conversation(_load_backend(model, device=device, weights=weights, config=config))
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, repetition_penalty=repeat_penalty
         )
-        packed = None
-        if session is not None:
-            history = history_messages(store, session.id)
-            messages = history + [{"role": "user", "content": question}]
-        else:
-            messages, packed = new_session_messages(
-                engine, root, question, params, context_tokens, output, kind, show_packing
-            )
-        es = open_engine_session(engine, session if not no_save else None, output)
+        turn = Turn(question, root, kind, session=session, name=session_ref, model=model,
+                    params=params, max_steps=max_steps)  # fmt: skip
+        history = history_messages(store, session.id) if session is not None else None
+        convo.pack(turn, history, output, context_tokens, show_packing)
+        convo.open(session if not no_save else None, output)
         record = None
         if store is not None and not no_save:
-            turn = (session, session_ref, root, kind, model, messages, packed, question)
-            record = TurnRecord.start(store, *turn)
-        result = _answer(engine, messages, params, output, root, kind, max_steps, es, record)
+            record = TurnRecord.start(store, turn)
+        _answer(convo, turn, output, record)
         if record is not None:
-            result.usage["session"] = record.session.id
-            _save_kv(es, record.session.id, output)
-        output.end(result.usage)
+            convo.stored_as(record.session.id, turn)
+            _save_kv(convo, record.session.id, output)
+        output.end(turn.usage)
     except errors() as e:
         raise UserError(str(e)) from None
 
 
-def _answer(engine, messages, params, output, root, kind, max_steps, es, record):
-    """run_turn, storing the answer in `record` (None: --no-save) as it streams and when it
-    ends: complete, interrupted (the partial answer), or, after an error before any
-    answer, removed."""
-    from agentctx.ask import run_turn
+def _load_backend(model: str, **options):
+    """The backend the turn runs on: the embedded engine, unless the click context's object
+    names another loader (`load_backend`: a scripted backend in the CliRunner tests)."""
+    from agentctx.backend import EmbeddedBackend
 
+    obj = click.get_current_context().obj
+    load = (obj or {}).get("load_backend") or EmbeddedBackend.load
+    return load(model, **options)
+
+
+def _answer(convo, turn, output, record) -> None:
+    """Run the turn, storing the answer in `record` (None: --no-save) as it streams and
+    when it ends: complete, interrupted (the partial answer), or, after an error before any
+    answer, removed."""
     try:
-        result = run_turn(
-            engine, messages, params, output, root, kind, max_steps, session=es, record=record
-        )
+        result = convo.run(turn, output, record)
     except KeyboardInterrupt as e:
         partial = getattr(e, "partial", None)
         if record is not None:
@@ -234,16 +236,14 @@ def _answer(engine, messages, params, output, root, kind, max_steps, es, record)
             with contextlib.suppress(*errors()):  # (the first error is the one to show)
                 record.fail_unanswered()
         raise
+    turn.status = "complete"
     if record is not None:
         record.finish(result, "complete")
-    return result
 
 
-def _save_kv(es, session_id: str, output) -> None:
-    from agentctx.ask import save_kv
-
+def _save_kv(convo, session_id: str, output) -> None:
     try:
-        save_kv(es, session_id, output)
+        convo.snapshot(output)
     except KeyboardInterrupt as e:  # the turn is stored complete; only the snapshot is lost
         interrupts.note(e, f"the turn is stored in session {session_id}; its KV snapshot "
                            "was not saved (the next turn prefills instead)")  # fmt: skip

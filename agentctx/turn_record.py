@@ -26,22 +26,24 @@ class TurnRecord:
         self._flushed, self._last = "", 0.0
 
     @classmethod
-    def start(cls, store, session, name, root, kind, model, messages, packed, question):
-        """Store the turn's question: for a new session (session None) its system and user
-        messages and the packing manifest, else the question as a follow-up. A new session
-        named `name` is taken or created under one write lock, so processes racing to create
-        it all store their turns in it: the first creates it, the others follow up."""
+    def start(cls, store, turn) -> TurnRecord:
+        """Store the turn's question (agentctx.conversation.Turn): for a new session
+        (turn.session None) its system and user messages and the packing manifest, else the
+        question as a follow-up. A new session named `turn.name` is taken or created under
+        one write lock, so processes racing to create it all store their turns in it: the
+        first creates it, the others follow up."""
         from sessions.errors import SessionNotFound
 
+        session, name, packed = turn.session, turn.name, turn.packed
         with store.transaction():
             if session is None and name is not None:
                 with contextlib.suppress(SessionNotFound):
                     session = store.get(name)
             created = session is None
             if created:
-                session = store.create(root, kind, model or "default", name=name)
+                session = store.create(turn.root, turn.kind, turn.model or "default", name=name)
                 added = [store.add_message(session.id, m["role"], m["content"]).id
-                         for m in messages]  # fmt: skip
+                         for m in turn.messages]  # fmt: skip
                 if packed is not None:
                     from agentctx.packing_report import stored_manifest
 
@@ -50,7 +52,7 @@ class TurnRecord:
                         session.id, files, omitted, tokens=packed.tokens, commit_sha=packed.commit
                     )
             else:
-                added = [store.add_message(session.id, "user", question).id]
+                added = [store.add_message(session.id, "user", turn.question).id]
             answer = store.add_message(session.id, "assistant", "", status="interrupted")
         return cls(store, session, answer.id, added + [answer.id], created)
 
@@ -115,16 +117,12 @@ class TurnRecord:
                 store.delete(self.session.id)
 
 
-def save_turn(store, session, name, root, kind, model, messages, packed, result, status):
+def save_turn(store, turn):
     """Store a whole turn at once (the TUI stores a turn when it ends): its question, its
-    tool steps, then the answer, in one transaction. Returns the session."""
-    from agentctx.agent import question_of
-
-    question = messages[-1]["content"] if session is not None else question_of(messages)
+    tool steps, then the answer (turn.result, as turn.status), in one transaction. Returns
+    the session."""
     with store.transaction():
-        record = TurnRecord.start(
-            store, session, name, root, kind, model, messages, packed, question
-        )
-        for step in result.steps:
+        record = TurnRecord.start(store, turn)
+        for step in turn.result.steps:
             record.step(step)
-        return record.finish(result, status)
+        return record.finish(turn.result, turn.status)

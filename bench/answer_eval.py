@@ -78,7 +78,7 @@ def expected_in_context(packed, path: str) -> str:
 
 def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps, index) -> dict:
     """One question (asked as `prompt`) through the product path; the answer graded."""
-    from agentctx.ask import new_session_messages, open_engine_session, run_turn
+    from agentctx.ask import TurnLinks, new_session_messages, open_engine_session, run_turn
 
     out = Recorder(q.id)
     record: dict = {"id": q.id, "repo": q.repo, "question": prompt}
@@ -89,7 +89,7 @@ def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps
             engine, root, prompt, params, context_tokens, out, "repo"
         )
         es = open_engine_session(engine, None, out)
-        result = run_turn(engine, messages, params, out, root, "repo", max_steps, session=es)
+        result = run_turn(engine, messages, params, out, root, "repo", max_steps, TurnLinks(es))
     except Exception as e:  # noqa: BLE001 (an engine or tool failure is this question's result)
         record.update(error=f"{type(e).__name__}: {e}", wall_s=time.perf_counter() - start)
         return record

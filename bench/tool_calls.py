@@ -99,7 +99,7 @@ class Quiet:
 
 
 def ask_one(engine, root, question, args, number):
-    from agentctx.ask import first_messages, pack_for, run_turn
+    from agentctx.ask import TurnLinks, first_messages, pack_for, run_turn
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, repetition_penalty=1.1)
@@ -110,7 +110,7 @@ def ask_one(engine, root, question, args, number):
     start = time.perf_counter()
     try:
         result = run_turn(engine, messages, params, out, root, "repo", args.max_steps,
-                          on_stream=streams.append, session=session)  # fmt: skip
+                          TurnLinks(session, on_stream=streams.append))  # fmt: skip
     finally:
         session.close()
     took = time.perf_counter() - start

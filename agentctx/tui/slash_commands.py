@@ -100,8 +100,7 @@ class SlashCommands:
                 f"model: {self.app.model or '(default)'}; /model NAME changes it"
             )
             return
-        self.app.busy = True
-        self.app._load_model(arg)
+        self.app.turns.load_model(arg)
 
     def cmd_set(self, arg: str) -> None:
         import dataclasses

@@ -39,24 +39,6 @@ class SessionService:
 
         return history_messages(self.store, session_id)
 
-    def save_turn(
-        self, session, root, model, messages, packed, result, status, kind="repo"
-    ) -> Session:
-        from agentctx.turn_record import save_turn
-
-        return save_turn(
-            store=self.store,
-            session=session,
-            name=None,
-            root=root,
-            kind=kind,
-            model=model,
-            messages=messages,
-            packed=packed,
-            result=result,
-            status=status,
-        )
-
     def rename(self, ref: str, name: str | None) -> Session:
         return self.store.rename(ref, name)
 

@@ -14,9 +14,11 @@ from agentctx.agent import (
     LIMIT_NOTE,
     VisibleText,
     parse_tool_calls,
+    question_of,
     tool_format,
 )
 from agentctx.ask import TOOL_PROMPTS, history_messages, run_turn
+from agentctx.conversation import Turn
 from agentctx.output import JsonOutput, TextOutput
 from agentctx.turn_record import save_turn
 from engine import SamplingParams
@@ -319,9 +321,9 @@ def test_a_function_called_as_a_tool_after_its_file_was_read(tokenizer_path, rep
     assert result.answer == "add returns a + b." and result.finish_reason == "stop"
     # stored in place, so a follow-up's prompt extends the answer step's
     with SessionStore(tmp_path / "s.db") as store:
-        session = save_turn(
-            store, None, None, str(repo), "repo", None, MESSAGES, None, result, "complete"
-        )
+        turn = Turn(question_of(MESSAGES), str(repo), messages=MESSAGES, result=result)
+        turn.status = "complete"
+        session = save_turn(store, turn)
         history = history_messages(store, session.id)
     follow_up = scripted(tokenizer_path, ["It adds."])
     run_turn(follow_up, history + [{"role": "user", "content": "And?"}], SamplingParams(),
@@ -474,9 +476,9 @@ def test_tool_steps_are_stored_and_come_back_as_the_same_prompt(tokenizer_path, 
     ])  # fmt: skip
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
     with SessionStore(tmp_path / "s.db") as store:
-        session = save_turn(
-            store, None, None, str(repo), "repo", None, MESSAGES, None, result, "complete"
-        )
+        turn = Turn(question_of(MESSAGES), str(repo), messages=MESSAGES, result=result)
+        turn.status = "complete"
+        session = save_turn(store, turn)
         calls = store.tool_calls(session.id)
         assert [(c.name, c.arguments) for c in calls] == [
             ("read_file", {"path": "README.md"}),

@@ -284,7 +284,7 @@ async def test_closing_saves_the_kv_and_resuming_restores_it(
         await submit(pilot, "What does add do?")
         await finish(pilot)
         sid = app.session.id
-        pinned = app.es.num_cached_tokens
+        pinned = app.turns.conversation.es.num_cached_tokens
         assert pinned > 0
     # the app closed: its session's KV went to a snapshot and its pages were unpinned
     assert (tmp_path / "home" / "kv" / f"{sid}.kv").is_file()

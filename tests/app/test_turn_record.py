@@ -6,6 +6,7 @@ import pytest
 
 from agentctx.agent import ToolCallRecord, ToolStep
 from agentctx.ask import TurnResult, history_messages
+from agentctx.conversation import Turn
 from agentctx.turn_record import TurnRecord, save_turn
 from sessions.store import SessionStore
 
@@ -23,7 +24,8 @@ def store(tmp_path):
 
 
 def start(store, session=None, name=None, question="What is x?"):
-    return TurnRecord.start(store, session, name, "/r", "repo", "m", MESSAGES, None, question)
+    turn = Turn(question, "/r", session=session, name=name, model="m", messages=MESSAGES)
+    return TurnRecord.start(store, turn)
 
 
 def test_the_question_is_stored_before_the_answer_and_the_answer_as_it_streams(store):
@@ -91,8 +93,10 @@ def test_a_name_taken_meanwhile_is_followed_up_not_refused(store):
 
 
 def test_an_error_before_any_answer_leaves_the_store_as_it_was(store):
-    kept = save_turn(store, None, None, "/r", "repo", "m", MESSAGES, None,
-                     TurnResult("x is 1", "stop", {}), "complete")  # fmt: skip
+    result = TurnResult("x is 1", "stop", {})
+    turn = Turn("What is x?", "/r", model="m", messages=MESSAGES, result=result)
+    turn.status = "complete"
+    kept = save_turn(store, turn)
     start(store).fail_unanswered()  # a new session: removed whole
     assert [s.id for s in store.list()] == [kept.id]
     follow = start(store, session=kept, question="And y?")

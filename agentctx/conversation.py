@@ -1,0 +1,115 @@
+"""One turn of a conversation, the same for `agentctx ask` and the TUI.
+
+A `Turn` is what was asked, about what, and what came back (simonw/llm's Response); a
+`Conversation` runs turns over a Backend (agentctx.backend) in the order every front end
+follows: open the backend session, pack (or send the stored turns again), run, save,
+snapshot the KV. The backend session stays open between turns (llm's Conversation), so a
+follow-up reuses the KV of everything before it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentctx.agent import DEFAULT_MAX_STEPS
+
+if TYPE_CHECKING:
+    from agentctx.ask import TurnResult
+    from agentctx.backend import Backend
+    from agentctx.packing import PackedContext
+    from sessions.models import Session
+
+
+@dataclass(slots=True)
+class Turn:
+    question: str
+    root: str | None  # the repository or book it reads
+    kind: str = "repo"  # "repo" or "book"
+    session: Session | None = None  # the stored session it follows up; None: a new one
+    name: str | None = None  # the name a new session takes (ask --session NAME)
+    model: str | None = None  # stored with a new session
+    params: Any = None  # engine.SamplingParams
+    max_steps: int = DEFAULT_MAX_STEPS  # tool steps it may take
+    messages: list[dict] = field(default_factory=list)  # what the model is sent
+    packed: PackedContext | None = None  # a new session's packing
+    result: TurnResult | None = None  # the answer, its tool steps and usage
+    status: str = "interrupted"  # how it is stored: "complete" once it ended whole
+
+    @property
+    def usage(self) -> dict | None:
+        return self.result.usage if self.result is not None else None
+
+
+class Conversation:
+    """The turns of one stored session at a time over `backend`. `es` is the backend
+    session (its pinned KV); `owner` the stored session's id it holds the KV of (None: a
+    new session not stored yet)."""
+
+    def __init__(self, backend: Backend | None = None) -> None:
+        self.backend = backend
+        self.es: Any = None
+        self.owner: str | None = None
+        self._opened_by: Backend | None = None
+
+    def open(self, session, output) -> Any:
+        """The backend session of `session` (None: a new one): the one already open when
+        it is that session's on this backend, else one opened (from its snapshot)."""
+        owner = session.id if session is not None else None
+        if self.es is not None and self.owner == owner and self._opened_by is self.backend:
+            return self.es
+        self.es = self.backend.open_session(session, output)
+        self.owner, self._opened_by = owner, self.backend
+        return self.es
+
+    def pack(
+        self, turn: Turn, history: list[dict] | None, output, context_tokens=None,
+        show_packing: bool = False,
+    ) -> None:  # fmt: skip
+        """turn.messages: a follow-up's stored turns (`history`) and its question, or a new
+        session's packed context with the question (turn.packed: what went in)."""
+        if history is not None:
+            turn.messages = history + [{"role": "user", "content": turn.question}]
+        else:
+            turn.messages, turn.packed = self.backend.pack(
+                turn, output, context_tokens, show_packing
+            )
+
+    def run(self, turn: Turn, output, record=None, on_stream=None) -> TurnResult:
+        """Run the turn on the open backend session; `record` (agentctx.turn_record) stores
+        the answer as it streams, `on_stream` gets each step's stream (to cancel it)."""
+        from agentctx.ask import TurnLinks
+
+        turn.result = self.backend.run(turn, output, TurnLinks(self.es, record, on_stream))
+        return turn.result
+
+    def save(self, store, turn: Turn) -> Session:
+        """Store the whole turn (turn.status); a new session's KV is now that session's."""
+        from agentctx.turn_record import save_turn
+
+        session = save_turn(store, turn)
+        self.stored_as(session.id, turn)
+        return session
+
+    def stored_as(self, session_id: str, turn: Turn) -> None:
+        """The turn is stored in `session_id`: its usage says so, and the KV of a new
+        session belongs to it now."""
+        turn.result.usage["session"] = session_id
+        if self.es is not None and self.owner is None:
+            self.owner = session_id
+
+    def snapshot(self, output) -> None:
+        """Save the backend session's KV as its stored session's snapshot (not while a
+        request still runs on it, nor for a session not stored)."""
+        if self.es is not None and self.owner is not None and not self.es.busy:
+            self._opened_by.save_snapshot(self.es, self.owner, output)
+
+    def close(self, output) -> None:
+        """Snapshot, then unpin the KV; the next turn opens a backend session again."""
+        es = self.es
+        if es is None:
+            return
+        try:
+            self.snapshot(output)
+        finally:
+            self.es = self.owner = self._opened_by = None
+            es.close()
