@@ -1,5 +1,5 @@
-"""Screens: the chat, the session list, the rename dialog and the yes / no question. Screens compose widgets and
-react to messages; what they change goes through the App."""
+"""Screens: the chat, the session list, the rename dialog and the yes / no question. Screens
+compose widgets and react to messages; what they change goes through the App."""
 
 from __future__ import annotations
 
@@ -9,20 +9,13 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
-from agentctx.agent import ToolCallRecord
-from agentctx.tui.state import question_of
-from agentctx.tui.widgets import (
-    AssistantMessage,
-    ContextMeter,
-    LogLine,
-    ToolCallPanel,
-    UserMessage,
-)
+from agentctx.tui.chat_log import ChatLog
+from agentctx.tui.widgets import ContextMeter
 from sessions.errors import StoreError
 
 if TYPE_CHECKING:
@@ -66,12 +59,6 @@ class TurnFinished(Message):
         self.usage, self.window, self.status = usage, window, status
 
 
-def _label(name: str, arguments: dict) -> str:
-    from agentctx.agent import ToolCallRecord
-
-    return ToolCallRecord(name, arguments).label()
-
-
 # -- chat --------------------------------------------------------------------------------
 
 
@@ -79,74 +66,44 @@ class ChatScreen(Screen):
     app: AgentApp
     BINDINGS = [
         Binding("escape", "cancel", "Cancel answer", priority=True),
-        Binding("ctrl+s", "sessions", "Sessions"),
-        Binding("ctrl+n", "new", "New session"),
+        Binding("ctrl+s", "slash('/sessions')", "Sessions"),
+        Binding("ctrl+n", "slash('/new')", "New session"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.answer: AssistantMessage | None = None  # the one streaming now
+        self.meter = ContextMeter(id="meter")
+        self.log_view = ChatLog(id="log")
 
     def compose(self) -> ComposeResult:
-        yield ContextMeter(id="meter")
-        yield VerticalScroll(id="log")
+        yield self.meter
+        yield self.log_view
         yield Input(placeholder="Ask about the repository, or /help", id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
 
-    @property
-    def log_view(self) -> VerticalScroll:
-        return self.query_one("#log", VerticalScroll)
-
-    @property
-    def meter(self) -> ContextMeter:
-        return self.query_one(ContextMeter)
-
     # what the App asks of the screen
 
     def clear(self) -> None:
-        self.answer = None
-        self.log_view.remove_children()
+        self.log_view.clear()
         self.meter.set_usage(None, None)
 
     def add_user(self, text: str) -> None:
-        self._append(UserMessage(text))
+        self.log_view.add_user(text)
 
     def add_line(self, text: str, kind: str = "info", markdown: bool = False) -> None:
-        self._append(AssistantMessage(text, kind) if markdown else LogLine(text, kind))
+        self.log_view.add_line(text, kind, markdown)
 
     def show_messages(self, messages: list, tool_calls: list = ()) -> None:
-        """Put a stored session's messages and tool calls in the log (the system prompt is
-        not shown)."""
+        """Put a stored session's messages and tool calls in the log; the meter shows its
+        last answer's usage."""
         self.clear()
-        by_message: dict = {}
-        for t in tool_calls:
-            by_message.setdefault(t.message_id, []).append(t)
-        tool_calls = by_message
-        for m in messages:
-            if m.role == "user":
-                self.add_user(question_of(m.content))
-            elif m.role == "assistant":
-                if m.content or not tool_calls.get(m.id):
-                    self._append(AssistantMessage(m.content, m.status))
-                for t in tool_calls.get(m.id, []):
-                    output = ToolCallRecord(t.name, t.arguments, t.result, t.error).output
-                    self.add_tool_call(
-                        _label(t.name, t.arguments), output or "", t.error is not None
-                    )
+        self.log_view.show_messages(messages, tool_calls)
         last = next((m for m in reversed(messages) if m.role == "assistant"), None)
         if last is not None and last.timings:
             self.meter.set_usage(last.timings, self.app.window)
-
-    def add_tool_call(self, label: str, output: str, error: bool = False) -> None:
-        self.answer = None  # the next step's text starts a new answer block
-        self._append(ToolCallPanel(label, output, error))
-
-    def _append(self, widget) -> None:
-        self.log_view.mount(widget)
-        self.log_view.scroll_end(animate=False)
 
     # input
 
@@ -164,11 +121,8 @@ class ChatScreen(Screen):
     def action_cancel(self) -> None:
         self.app.cancel_turn()
 
-    def action_sessions(self) -> None:
-        self.app.run_slash("/sessions")
-
-    def action_new(self) -> None:
-        self.app.run_slash("/new")
+    def action_slash(self, line: str) -> None:
+        self.app.run_slash(line)
 
     # what a turn's worker reports
 
@@ -182,21 +136,15 @@ class ChatScreen(Screen):
 
     @on(AnswerUpdate)
     def answered(self, event: AnswerUpdate) -> None:
-        if self.answer is None:
-            self.answer = AssistantMessage()
-            self._append(self.answer)
-        self.answer.set_text(event.text)
-        self.log_view.scroll_end(animate=False)
+        self.log_view.stream_answer(event.text)
 
     @on(ToolCalled)
     def tool_called(self, event: ToolCalled) -> None:
-        self.add_tool_call(event.label, event.output, event.error)
+        self.log_view.add_tool_call(event.label, event.output, event.error)
 
     @on(TurnFinished)
     def finished(self, event: TurnFinished) -> None:
-        if event.status == "interrupted" and self.answer is not None:
-            self.answer.add_class("interrupted")
-        self.answer = None
+        self.log_view.end_answer(event.status)
         if event.usage is not None:
             self.meter.set_usage(event.usage, event.window)
         else:
