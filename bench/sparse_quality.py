@@ -82,9 +82,9 @@ class Runner:
         bm = engine.block_manager
         bm.reset_prefix_cache()
         self.seq = Sequence(list(ids))
-        caching, bm.enable_prefix_caching = bm.enable_prefix_caching, False
+        caching, bm.prefix.enabled = bm.prefix.enabled, False
         bm.allocate(self.seq)
-        bm.enable_prefix_caching = caching
+        bm.prefix.enabled = caching
         self.tiers = self.runner.tiers
 
     def close(self) -> None:

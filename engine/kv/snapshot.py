@@ -281,9 +281,7 @@ def load_snapshot(engine, path) -> tuple[list[int], list[bytes], list[int]]:
         with engine._lock:
             blocks = bm.take(n_pages)
             try:
-                tokens = _copy_in(
-                    mm, h.offset, h.tok_end, h.chunk_bytes, h.chunk_crcs, shape, pool, blocks, path
-                )
+                tokens = _copy_in(mm, h, shape, pool, blocks, path)
             except BaseException:
                 bm.release(blocks)
                 raise
@@ -294,8 +292,11 @@ def load_snapshot(engine, path) -> tuple[list[int], list[bytes], list[int]]:
     return blocks, hashes, tokens
 
 
-def _copy_in(mm, offset, data_end, chunk, crcs, shape, pool, blocks, path) -> list[int]:
-    """Copy the mapped pages into `blocks` while worker threads check the chunk CRCs."""
+def _copy_in(mm, header, shape, pool, blocks, path) -> list[int]:
+    """Copy the mapped pages into `blocks` while worker threads check the chunk CRCs of
+    the data `header` (engine.kv.snapshot_header) describes."""
+    offset, data_end = header.offset, header.tok_end
+    chunk, crcs = header.chunk_bytes, header.chunk_crcs
     view = memoryview(mm)
     try:
 

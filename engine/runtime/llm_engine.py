@@ -144,13 +144,13 @@ def prompt_logits(engine: Engine, token_ids: list[int]) -> torch.Tensor:
     seq = Sequence(list(token_ids), SamplingParams(max_tokens=1))
     bm, runner = engine.block_manager, engine.runner
     with engine._lock:
-        caching, bm.enable_prefix_caching = bm.enable_prefix_caching, False
+        caching, bm.prefix.enabled = bm.prefix.enabled, False
         try:
             if not bm.can_allocate(seq):
                 raise EngineError("the KV cache has no room for this prompt")
             bm.allocate(seq)
         finally:
-            bm.enable_prefix_caching = caching
+            bm.prefix.enabled = caching
         try:
             out = SchedulerOutput([ScheduledSeq(seq, len(seq), True)], [])
             ids, positions, pages, offsets, rope_lens, _, qlens, kvlens, plists = runner.prepare(

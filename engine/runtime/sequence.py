@@ -70,6 +70,10 @@ class Sequence:
     def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
         return (num_tokens + block_size - 1) // block_size
 
+    def slot(self, position: int, block_size: int) -> int:
+        """Where the KV of `position` lives: its page's id * block_size + its offset."""
+        return self.block_table[position // block_size] * block_size + position % block_size
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.block_manager import BlockManager, compute_block_hash
+from engine.runtime.block_manager import BlockManager
+from engine.runtime.prefix_cache import compute_block_hash
 from engine.runtime.sequence import Sequence
 
 BS = 4
@@ -19,7 +20,7 @@ def admit(bm: BlockManager, tokens: list[int]) -> Sequence:
 
 
 def refs(bm: BlockManager, seq: Sequence) -> list[int]:
-    return [bm.blocks[b].ref_count for b in seq.block_table]
+    return [bm.pool.blocks[b].ref_count for b in seq.block_table]
 
 
 def test_compute_block_hash_chains_on_parent():
@@ -57,7 +58,7 @@ def test_different_token_in_page_two_shares_only_page_one():
 def test_match_prefix_verifies_tokens_not_only_hash():
     bm = BlockManager(8, BS)
     a = admit(bm, [1, 2, 3, 4, 5])
-    bm.blocks[a.block_table[0]].token_ids = (9, 9, 9, 9)  # simulate a hash collision
+    bm.pool.blocks[a.block_table[0]].token_ids = (9, 9, 9, 9)  # simulate a hash collision
     assert bm.match_prefix([1, 2, 3, 4, 5]) == []
 
 
@@ -65,9 +66,9 @@ def test_match_prefix_has_no_side_effects():
     bm = BlockManager(8, BS)
     a = admit(bm, list(range(9)))
     bm.free(a)
-    free_before, order_before = bm.num_free_blocks, list(bm.free_lru)
+    free_before, order_before = bm.num_free_blocks, list(bm.pool.free_lru)
     assert len(bm.match_prefix(list(range(9)))) == 2
-    assert bm.num_free_blocks == free_before and list(bm.free_lru) == order_before
+    assert bm.num_free_blocks == free_before and list(bm.pool.free_lru) == order_before
 
 
 def test_ref_counts_and_free_return_blocks():
@@ -82,7 +83,7 @@ def test_ref_counts_and_free_return_blocks():
     assert bm.num_free_blocks == 5
     bm.free(b)
     assert bm.num_free_blocks == 8
-    assert all(blk.ref_count == 0 for blk in bm.blocks)
+    assert all(blk.ref_count == 0 for blk in bm.pool.blocks)
 
 
 def test_double_free_raises():
@@ -94,7 +95,7 @@ def test_double_free_raises():
     a.block_table = [0]  # a stale copy of a freed table must not drive ref counts negative
     with pytest.raises(RuntimeError):
         bm.free(a)
-    assert all(blk.ref_count == 0 for blk in bm.blocks)
+    assert all(blk.ref_count == 0 for blk in bm.pool.blocks)
 
 
 def test_revival_of_freed_cached_prefix():
@@ -108,9 +109,9 @@ def test_revival_of_freed_cached_prefix():
     bm.allocate(b)
     assert b.block_table[:2] == head
     assert refs(bm, b) == [1, 1, 1]
-    assert not set(head) & set(bm.free_lru)
+    assert not set(head) & set(bm.pool.free_lru)
     assert bm.num_free_blocks == 5
-    assert b.num_hashed_blocks == 2 and b.last_block_hash == bm.blocks[head[1]].hash
+    assert b.num_hashed_blocks == 2 and b.last_block_hash == bm.pool.blocks[head[1]].hash
 
 
 def test_lru_evicts_least_recently_freed_first_and_tails_before_heads():
@@ -123,7 +124,7 @@ def test_lru_evicts_least_recently_freed_first_and_tails_before_heads():
     a_blocks = bm.match_prefix(list(range(12)))
     b_blocks = bm.match_prefix(list(range(100, 112)))
     # a was freed first, and within a sequence the tail is freed first
-    assert list(bm.free_lru) == a_blocks[::-1] + b_blocks[::-1]
+    assert list(bm.pool.free_lru) == a_blocks[::-1] + b_blocks[::-1]
     # one fresh block evicts a's tail page only: a's first two pages still match
     c = Sequence([7, 7, 7])
     bm.allocate(c)
@@ -146,8 +147,8 @@ def test_fully_cached_prompt_recomputes_last_page():
     # the recomputed page is identical: the existing mapping stays, b's copy is not hashed
     b.num_computed_tokens = 8
     bm.commit_full_blocks(b)
-    assert bm.hash_to_block[b.last_block_hash] == a.block_table[1]
-    assert bm.blocks[b.block_table[1]].hash is None
+    assert bm.prefix.hash_to_block[b.last_block_hash] == a.block_table[1]
+    assert bm.pool.blocks[b.block_table[1]].hash is None
     assert b.num_hashed_blocks == 2
     assert bm.num_cached_blocks == 2
 
@@ -202,7 +203,7 @@ def test_slot():
     bm = BlockManager(8, BS)
     s = Sequence(list(range(6)))
     s.block_table = [5, 2]
-    assert [bm.slot(s, p) for p in range(6)] == [20, 21, 22, 23, 8, 9]
+    assert [s.slot(p, bm.block_size) for p in range(6)] == [20, 21, 22, 23, 8, 9]
 
 
 def test_reset_prefix_cache_drops_only_free_blocks():

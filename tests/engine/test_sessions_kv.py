@@ -142,7 +142,7 @@ def test_two_sessions_with_one_prefix_share_its_pages(engine):
     prompt_pages = len(prompt_of(ra)) // 16
     assert rb.request.stats.cached_tokens == prompt_pages * 16
     assert b.blocks[:prompt_pages] == a.blocks[:prompt_pages]  # the same pages, not copies
-    assert all(engine.block_manager.blocks[x].ref_count == 2 for x in a.blocks[:prompt_pages])
+    assert all(engine.block_manager.pool.blocks[x].ref_count == 2 for x in a.blocks[:prompt_pages])
     assert rb.token_ids == ra.token_ids
     a.close()
     b.close()
