@@ -58,8 +58,10 @@ def kv_options(f):
 
 def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,
                   forecast: str = "off", speculate: str = "off", prefetch: str = "timed"):  # fmt: skip
-    """An EngineConfig for the options (None when all are left out or off); bad values
-    raise click.BadParameter (exit 2)."""
+    """An EngineConfig for the options, with the user's cache folder; bad values raise
+    click.BadParameter (exit 2)."""
+    from agentctx.app_paths import cache_dir
+    from engine.config import EngineConfig
     from engine.spec.decoder import SpecConfig
 
     try:
@@ -68,8 +70,7 @@ def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget:
         raise click.BadParameter(str(e), param_hint="--speculate") from None
     if (sparse is None and gpu_kv_budget is None and host_kv_budget is None
             and forecast == "off" and spec is None):  # fmt: skip
-        return None
-    from engine.config import EngineConfig
+        return EngineConfig(cache_dir=cache_dir())
     from engine.kv import SparseConfig
 
     sparse_cfg = None
@@ -92,7 +93,8 @@ def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget:
     if gpu_kv_budget is not None:
         sparse_cfg.gpu_kv_budget = _budget(gpu_kv_budget, "--gpu-kv-budget")
     host = _budget(host_kv_budget, "--host-kv-budget") if host_kv_budget is not None else None
-    return EngineConfig(sparse=sparse_cfg, kv_cache_memory=host, speculate=spec)
+    return EngineConfig(sparse=sparse_cfg, kv_cache_memory=host, speculate=spec,
+                        cache_dir=cache_dir())  # fmt: skip
 
 
 def _budget(text: str, option: str) -> int:

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import TextIO
 
+from agentctx.app_paths import cache_dir
 from engine.errors import EngineError
 from engine.loading import model_catalog
 
@@ -109,7 +110,10 @@ def install(name: str, out: TextIO | None = None, force: bool = False) -> list:
 def _check(model: model_catalog.KnownModel, out: TextIO) -> list:
     check = Bar(f"checking {model.name} (sha256)", model.size, out)
     try:
-        return model_catalog.verified_files(model, progress=lambda done, _: check.update(done))
+        # (the check's stamp where `ask` looks for it: the cache under AGENTCTX_HOME)
+        return model_catalog.verified_files(
+            model, progress=lambda done, _: check.update(done), cache_dir=cache_dir()
+        )
     except EngineError as e:
         raise InstallError(str(e)) from None
     finally:

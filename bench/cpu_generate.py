@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import tempfile
@@ -40,23 +39,16 @@ def text_tokens(tokenizer, n: int) -> list[int]:
 
 
 def time_load() -> dict:
-    from engine import Engine
+    from engine import Engine, EngineConfig
 
-    with tempfile.TemporaryDirectory() as home:
-        old = os.environ.get("AGENTCTX_HOME")
-        os.environ["AGENTCTX_HOME"] = home
-        try:
-            t = time.perf_counter()
-            Engine.load(None, device="cpu")
-            cold = time.perf_counter() - t
-            t = time.perf_counter()
-            engine = Engine.load(None, device="cpu")
-            cached = time.perf_counter() - t
-        finally:
-            if old is None:
-                os.environ.pop("AGENTCTX_HOME")
-            else:
-                os.environ["AGENTCTX_HOME"] = old
+    with tempfile.TemporaryDirectory() as cache:  # an empty cache: the first load converts
+        config = EngineConfig(cache_dir=Path(cache))
+        t = time.perf_counter()
+        Engine.load(None, device="cpu", config=config)
+        cold = time.perf_counter() - t
+        t = time.perf_counter()
+        engine = Engine.load(None, device="cpu", config=config)
+        cached = time.perf_counter() - t
     del engine
     return {"cold_s": cold, "cached_s": cached}
 

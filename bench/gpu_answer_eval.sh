@@ -81,9 +81,10 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, {gpu}")' 
 
 # the conversion, timed on its own (cached under $AGENTCTX_HOME/cache/gguf)
 "${PY[@]}" -c 'import sys, time
+from agentctx.app_paths import cache_dir
 from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 t = time.perf_counter()
-path = gguf_to_checkpoint(sys.argv[1])
+path = gguf_to_checkpoint(sys.argv[1], cache_root=cache_dir() / "gguf")
 print(f"checkpoint: {path} ({time.perf_counter() - t:.1f} s; cached if under a second)")' "$MODEL" ||
   fail "converting $MODEL failed"
 

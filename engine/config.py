@@ -119,6 +119,9 @@ class EngineConfig:
     # the GPU tier's slot allocation on a GPU (kernels.tier_alloc): "triton" (its kernels)
     # or "torch" (their reference, the CPU's path)
     tier_alloc: str = "triton"
+    # where converted checkpoints and model-check stamps are kept (engine.loading.paths);
+    # None: ~/.cache/agentctx. The application passes its own (agentctx.app_paths)
+    cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):

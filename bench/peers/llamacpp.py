@@ -62,8 +62,8 @@ STAMP = "agentctx-build.json"
 
 
 def cache_root() -> Path:
-    """$AGENTCTX_LLAMACPP_DIR, else engine.loading.paths.cache_dir() / "llamacpp" (same rule, here
-    without importing the engine and so torch)."""
+    """$AGENTCTX_LLAMACPP_DIR, else agentctx.app_paths.cache_dir() / "llamacpp" (same rule, here
+    without importing agentctx)."""
     override = os.environ.get("AGENTCTX_LLAMACPP_DIR")
     if override:
         return Path(override).expanduser()

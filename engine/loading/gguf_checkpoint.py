@@ -74,7 +74,7 @@ def gguf_to_checkpoint(
         if not part.is_file():
             what = " (a directory, not a .gguf file)" if part.is_dir() else ""
             raise ModelNotFoundError(f"model file not found: {part}{what}")
-    root = Path(cache_root) if cache_root is not None else paths.cache_dir() / "gguf"
+    root = Path(cache_root) if cache_root is not None else paths.default_cache_dir() / "gguf"
     try:
         key = _cache_key(parts)
     except OSError as e:

@@ -67,8 +67,11 @@ class ModelSource:
     hf_config: dict[str, Any] | None = None
 
 
-def resolve_source(model: str | os.PathLike | None) -> ModelSource:
-    """Turn what the user passed to --model into a checkpoint directory or a dummy config."""
+def resolve_source(
+    model: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None
+) -> ModelSource:
+    """Turn what the user passed to --model into a checkpoint directory or a dummy config.
+    A GGUF is converted under `cache_dir` (default: paths.default_cache_dir())."""
     if model is None or str(model) in ("", "default"):
         from engine.loading.default_model import default_model_path
 
@@ -76,21 +79,23 @@ def resolve_source(model: str | os.PathLike | None) -> ModelSource:
     name = str(model)
     if name.startswith("dummy"):
         return _dummy_source(name)
-    from engine.loading import model_catalog
+    from engine.loading import model_catalog, paths
 
+    cache = paths.cache_dir(cache_dir)
     known = model_catalog.lookup(name)
     if known is not None and not Path(name).exists():
         from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 
-        files = model_catalog.verified_files(known)
+        files = model_catalog.verified_files(known, cache_dir=cache)
+        root = cache / "gguf"
         if len(files) == 1:  # named after its file, as when the path is given
-            return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files[0]))
-        return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files, name=known.name))
+            return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files[0], root))
+        return ModelSource("checkpoint", known.name, gguf_to_checkpoint(files, root, known.name))
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or (path.is_file() and _is_gguf(path)):
         from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 
-        return ModelSource("checkpoint", name, gguf_to_checkpoint(path))
+        return ModelSource("checkpoint", name, gguf_to_checkpoint(path, cache / "gguf"))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} has no config.json; not a Hugging Face checkpoint")

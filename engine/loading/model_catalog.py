@@ -148,13 +148,13 @@ def is_installed(model: KnownModel) -> bool:
     return True
 
 
-def _stamp_path(model: KnownModel) -> Path:
-    return paths.cache_dir() / "models" / f"{model.name}.verified.json"
+def _stamp_path(model: KnownModel, cache_dir: Path | None) -> Path:
+    return paths.cache_dir(cache_dir) / "models" / f"{model.name}.verified.json"
 
 
-def _stamp_matches(model: KnownModel, key: list) -> bool:
+def _stamp_matches(model: KnownModel, key: list, cache_dir: Path | None) -> bool:
     try:
-        stamp = json.loads(_stamp_path(model).read_text(encoding="utf-8"))
+        stamp = json.loads(_stamp_path(model, cache_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return (
@@ -164,8 +164,8 @@ def _stamp_matches(model: KnownModel, key: list) -> bool:
     )
 
 
-def _write_stamp(model: KnownModel, key: list) -> None:
-    path = _stamp_path(model)
+def _write_stamp(model: KnownModel, key: list, cache_dir: Path | None) -> None:
+    path = _stamp_path(model, cache_dir)
     with contextlib.suppress(OSError):  # no stamp only means hashing again next time
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -175,10 +175,13 @@ def _write_stamp(model: KnownModel, key: list) -> None:
 
 
 def verified_files(
-    model: KnownModel, progress: Callable[[int, int], None] | None = None
+    model: KnownModel,
+    progress: Callable[[int, int], None] | None = None,
+    cache_dir: Path | None = None,
 ) -> list[Path]:
     """The model's files, checked: all present, the right total size, the right sha256.
-    ModelNotFoundError or ModelLoadError (one line, saying how to reinstall) otherwise."""
+    ModelNotFoundError or ModelLoadError (one line, saying how to reinstall) otherwise.
+    A check is remembered under `cache_dir` (default: paths.default_cache_dir())."""
     files = part_files(model)
     size = total_size(files)
     if size != model.size:
@@ -187,7 +190,7 @@ def verified_files(
             f"not {model.size:,}; " + _install_hint(model)
         )
     key = stat_key(files)
-    if _stamp_matches(model, key):
+    if _stamp_matches(model, key, cache_dir):
         return files
     digest = sha256_of(files, progress)
     if digest != model.sha256:
@@ -195,5 +198,5 @@ def verified_files(
             f"model {model.name} is damaged: sha256 {digest[:12]}... is not the expected "
             f"{model.sha256[:12]}...; " + _install_hint(model)
         )
-    _write_stamp(model, key)
+    _write_stamp(model, key, cache_dir)
     return files

@@ -1,4 +1,7 @@
-"""Where the engine keeps files it can rebuild: converted checkpoints, compiled kernels."""
+"""Where the engine keeps files it can rebuild: converted checkpoints and the stamps of
+checked model files. The application chooses the folder (agentctx.app_paths follows
+AGENTCTX_HOME and XDG_CACHE_HOME) and passes it in, as EngineConfig.cache_dir; the engine
+reads no environment variable."""
 
 from __future__ import annotations
 
@@ -6,23 +9,11 @@ import os
 from pathlib import Path
 
 
-def cache_dir() -> Path:
-    """$AGENTCTX_HOME/cache, else $XDG_CACHE_HOME/agentctx, else ~/.cache/agentctx (not created)."""
-    # Hand-rolled, not platformdirs: the engine must import with torch and transformers alone.
-    home = os.environ.get("AGENTCTX_HOME")
-    if home:
-        return Path(home).expanduser() / "cache"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "agentctx"
+def default_cache_dir() -> Path:
+    """~/.cache/agentctx: the folder when the caller names none (not created)."""
     return Path.home() / ".cache" / "agentctx"
 
 
-def keep_compiler_caches_inside() -> None:
-    """Point torch's inductor cache and Triton's kernel cache under cache_dir(), unless the
-    user set them: by default the first is torchinductor_<user> in the system temp folder
-    (made as soon as torch._dynamo is imported, which building a model on the meta device
-    does) and the second ~/.triton. Both are read when first used, so this runs before."""
-    base = cache_dir()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(base / "torchinductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(base / "triton"))
+def cache_dir(given: str | os.PathLike | None = None) -> Path:
+    """`given`, else default_cache_dir()."""
+    return Path(given) if given is not None else default_cache_dir()

@@ -78,8 +78,8 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_cache_root_is_the_engines_cache_dir(monkeypatch, tmp_path):
-    from engine.loading import paths
+def test_cache_root_is_the_apps_cache_dir(monkeypatch, tmp_path):
+    from agentctx import app_paths
 
     monkeypatch.delenv("AGENTCTX_LLAMACPP_DIR", raising=False)
     for home, xdg in ((str(tmp_path / "h"), None), (None, str(tmp_path / "x")), (None, None)):
@@ -88,7 +88,7 @@ def test_cache_root_is_the_engines_cache_dir(monkeypatch, tmp_path):
                 monkeypatch.delenv(var, raising=False)
             else:
                 monkeypatch.setenv(var, value)
-        assert llamacpp.cache_root() == paths.cache_dir() / "llamacpp"
+        assert llamacpp.cache_root() == app_paths.cache_dir() / "llamacpp"
     monkeypatch.setenv("AGENTCTX_LLAMACPP_DIR", str(tmp_path / "mine"))
     assert llamacpp.cache_root() == tmp_path / "mine"
 

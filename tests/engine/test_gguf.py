@@ -20,6 +20,7 @@ from engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
 from engine.loading.gguf_checkpoint import gguf_to_checkpoint
 from engine.loading.gguf_config import rope_scaling
 from engine.loading.gguf_weights import unpermute
+from engine.loading.loader import resolve_source
 
 gguf = pytest.importorskip("gguf")  # conversion needs it; machines that only load lack it
 
@@ -60,14 +61,16 @@ def test_default_model_missing_names_the_fix(monkeypatch: pytest.MonkeyPatch) ->
     assert "make setup" in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_engines_cache_dir_is_given_or_under_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # the engine reads no environment variable: AGENTCTX_HOME is the application's
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
     monkeypatch.setenv("AGENTCTX_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert paths.cache_dir() == tmp_path / "home" / "cache"
-    monkeypatch.delenv("AGENTCTX_HOME")
-    assert paths.cache_dir() == tmp_path / "xdg" / "agentctx"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    assert paths.cache_dir() == Path.home() / ".cache" / "agentctx"
+    assert paths.default_cache_dir() == tmp_path / "user" / ".cache" / "agentctx"
+    assert paths.cache_dir() == paths.default_cache_dir()
+    assert paths.cache_dir(tmp_path / "given") == tmp_path / "given"
 
 
 @pytest.mark.slow
@@ -401,9 +404,11 @@ def test_conversions_no_file_maps_to_are_removed(tmp_path: Path, tiny_gguf: Path
 def test_default_cache_root_is_under_cache_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_gguf: Path
 ) -> None:
-    monkeypatch.setenv("AGENTCTX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
     out = gguf_to_checkpoint(tiny_gguf)
-    assert out.parent == tmp_path / "home" / "cache" / "gguf"
+    assert out.parent == tmp_path / "user" / ".cache" / "agentctx" / "gguf"
+    given = resolve_source(tiny_gguf, tmp_path / "given").path
+    assert given.parent == tmp_path / "given" / "gguf"
 
 
 # ---- errors --------------------------------------------------------------------------------

@@ -293,11 +293,11 @@ def qwen_gguf_files() -> list[Path]:
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory) -> tuple[list[Path], Path]:
     """(the GGUF's files, its converted checkpoint in the session's cache)"""
-    from engine.loading import paths
+    from agentctx.app_paths import cache_dir
 
     files = qwen_gguf_files()
     return files, gguf_to_checkpoint(files if len(files) > 1 else files[0],
-                                     cache_root=paths.cache_dir() / "gguf")  # fmt: skip
+                                     cache_root=cache_dir() / "gguf")  # fmt: skip
 
 
 @pytest.mark.slow

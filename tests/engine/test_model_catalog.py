@@ -75,6 +75,7 @@ def fake_model(tmp_path: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch):
     _package(site, "tinysplit_part1", {"part01.bin": data[:3000]})
     _package(site, "tinysplit_part2", {"part02.bin": data[3000:]})
     monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # the engine's default cache: in here
     for name in ("tinysplit_part1", "tinysplit_part2"):
         sys.modules.pop(name, None)
     model = model_catalog.KnownModel(
@@ -100,6 +101,16 @@ def test_a_known_name_loads_from_its_parts(fake_model) -> None:
     source = resolve_source("tiny-split")
     assert source.name == "tiny-split" and (source.path / "config.json").is_file()
     assert source.path.name.startswith("tiny-split-")
+    assert source.path.parent == Path.home() / ".cache" / "agentctx" / "gguf"
+
+
+def test_a_given_cache_dir_holds_the_checkpoint_and_the_stamp(fake_model, tmp_path) -> None:
+    from engine.loading.loader import resolve_source
+
+    source = resolve_source("tiny-split", tmp_path / "cache")
+    assert source.path.parent == tmp_path / "cache" / "gguf"
+    assert (tmp_path / "cache" / "models" / "tiny-split.verified.json").is_file()
+    assert not (Path.home() / ".cache").exists()
 
 
 def test_a_missing_package_is_not_found(fake_model) -> None:
