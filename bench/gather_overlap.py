@@ -37,6 +37,7 @@ def event_ms(fn, iters: int = 5) -> float:
 
 def main() -> None:
     from kernels.uva_gather import gather_pages
+    from kernels.views import GatherLaunch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--units", type=int, default=900, help="units gathered per layer")
@@ -84,7 +85,7 @@ def main() -> None:
 
             def gathers(r=r, progs=progs) -> None:
                 for i in range(LAYERS):
-                    gather_pages(host, slots, src[i], dst[i], max_programs=progs, rows=r)
+                    gather_pages(host, slots, src[i], dst[i], GatherLaunch(progs, r))
 
             t_g = event_ms(gathers)
 
@@ -94,7 +95,7 @@ def main() -> None:
                 for i in range(LAYERS):
                     side.wait_stream(main)
                     with torch.cuda.stream(side):
-                        gather_pages(host, slots, src[i], dst[i], max_programs=progs, rows=r)
+                        gather_pages(host, slots, src[i], dst[i], GatherLaunch(progs, r))
                     layer_gemvs()
                     main.wait_stream(side)
 

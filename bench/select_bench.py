@@ -1,13 +1,13 @@
-"""Top-k page selection on the GPU: the radix-histogram kernel, the bisection kernel (one bit
-per round, int64 keys), the probe kernels (1, 2 or 4 bits per round, int32 keys) and
-the split select (each row over programs of 1,024 pages), and torch.topk + sort, on
+"""Top-k page selection on the GPU (kernels.page_topk): the probe kernel (2 bits per round,
+int32 keys), the histogram kernel (a byte per round), the split select (each row over
+programs of 1,024 pages), and torch.topk + sort, on
 score rows like the engine's (8 KV heads x batch, 32K / 128K / 500K
 tokens in 16-token pages, 2% and 0.2% budgets), for two score spreads: standard normal
 (spread exponents) and uniform in [0, 2) (one magnitude: the synthetic selections of the
 benchmarks, and Quest bounds of one layer are alike). All give the same pages.
 
 python3 -m bench.select_bench [--contexts 32768 131072 500000] [--budgets 0.02 0.002]
-    [--methods radix bisect probe1 probe2 probe4 hist split torch] [--eager] [--json out.json]
+    [--methods probe2 hist split torch] [--eager] [--json out.json]
 
 Times are of CUDA-graph replays (10 calls per graph), as decode steps run the selection;
 --eager times eager calls. --cold: each call follows a write of 256 MiB (the L2 cache and
@@ -22,7 +22,7 @@ import json
 
 import torch
 
-METHODS = ("radix", "bisect", "probe1", "probe2", "probe4", "hist", "split", "torch")
+from kernels.page_topk import MAX_PAGES, METHODS
 
 
 def main() -> None:
@@ -42,7 +42,12 @@ def main() -> None:
     args = ap.parse_args()
     import triton.testing
 
-    from kernels.page_score import _MAX_PAGES, graph_of, select_pages
+    from engine.kv.select_methods import graph_of
+    from kernels.page_topk import select_pages as select_by_rule
+    from kernels.views import SelectRule
+
+    def select_pages(s, lens, page_size, budget, width, method):
+        return select_by_rule(s, lens, SelectRule(page_size, budget, width=width), method=method)
 
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda") if args.cold else None
     flush_ms = 0.0
@@ -69,7 +74,7 @@ def main() -> None:
                     row = {"context": context, "batch": batch, "budget": frac, "spread": spread}
                     ref = select_pages(s, lens, 16, budget, width=budget, method="torch")
                     for m in args.methods:
-                        if _MAX_PAGES.get(m, M) < M:
+                        if MAX_PAGES.get(m, M) < M:
                             continue
                         try:
                             out = select_pages(s, lens, 16, budget, width=budget, method=m)

@@ -23,6 +23,9 @@ import statistics
 
 import torch
 
+from engine.kv.select_methods import SelectMethods
+from kernels.page_score import PageSummaries
+
 HQ, HKV, D, P = 32, 8, 128, 16
 DT = torch.bfloat16
 
@@ -66,16 +69,23 @@ def random_lists(B: int, n_pages: int, k: int, g: torch.Generator):
     return pages
 
 
+def select(scores, lens, budget: int, methods, use_triton: bool | None = None):
+    """The engine's selection of `budget` pages (a fixed width), by the method `methods`
+    picks for the shape (engine.kv.select_methods)."""
+    from kernels.page_topk import select_pages
+    from kernels.views import SelectRule
+
+    rule = SelectRule(P, budget, width=budget)
+    return select_pages(scores, lens, rule, method=methods.method_for(scores, lens, rule),
+                        use_triton=use_triton)  # fmt: skip
+
+
 def check_correctness(rows: list) -> None:
     from kernels.kv_append import append_kv, append_kv_reference
-    from kernels.page_score import (
-        empty_summaries,
-        page_scores,
-        page_scores_reference,
-        select_pages,
-    )
+    from kernels.page_score import empty_summaries, page_scores, page_scores_reference
     from kernels.sparse_decode import sparse_decode_attention, sparse_decode_reference
     from kernels.uva_gather import gather_pages, gather_reference
+    from kernels.views import PageList, PageTable, RowPlaces
 
     g = torch.Generator().manual_seed(0)
     B, N = 2, 32768
@@ -89,29 +99,31 @@ def check_correctness(rows: list) -> None:
         base = (torch.arange(B)[:, None, None] * HKV + torch.arange(HKV)[None, :, None]) * n_pages
         u = (base.cuda() + pages).to(torch.int32)
         counts = torch.full((B, HKV), 160, dtype=torch.int32).cuda()
-        out = sparse_decode_attention(q, kv, u, pages, counts, lens, D**-0.5)
-        ref = sparse_decode_reference(q, kv, u, pages, counts, lens, D**-0.5)
+        out = sparse_decode_attention(q, kv, PageList(u, pages, counts), lens, D**-0.5)
+        ref = sparse_decode_reference(q, kv, PageList(u, pages, counts), lens, D**-0.5)
         err = (out.float() - ref.float()).abs().max().item()
         rows.append((f"sparse decode kernel vs reference, 32K, T={T}", err, err < 2e-2))
     summ = torch.randn(units, 3, D, generator=g).cuda()
     summ[:, 0], summ[:, 1] = summ[:, :2].amin(1), summ[:, :2].amax(1)
     tables = (torch.arange(B)[:, None] * n_pages + torch.arange(n_pages)[None, :]).to(torch.int32)
     q = torch.randn(B, 1, HQ, D, generator=g).to(DT).cuda()
+    table = PageTable(tables.cuda(), lens, P)
     for mode in ("quest", "mean"):
-        a = page_scores(q, summ, tables.cuda(), lens, P, HKV, mode)
-        r = page_scores_reference(q, summ, tables.cuda(), lens, P, HKV, mode)
+        a = page_scores(q, PageSummaries(summ, HKV, mode), table)
+        r = page_scores_reference(q, PageSummaries(summ, HKV, mode), table)
         fin = torch.isfinite(r)
         err = ((a - r).abs()[fin] / r.abs()[fin].clamp(min=1)).max().item()
         rows.append((f"page scores ({mode}, TF32) vs reference, 32K", err, err < 1e-2))
     small = summ[:, :2].to(DT)  # the engine's Quest layout: min/max in the keys' dtype
-    a = page_scores(q, small, tables.cuda(), lens, P, HKV, "quest")
-    r = page_scores_reference(q, small.float(), tables.cuda(), lens, P, HKV, "quest")
+    a = page_scores(q, PageSummaries(small, HKV), table)
+    r = page_scores_reference(q, PageSummaries(small.float(), HKV), table)
     fin = torch.isfinite(r)
     err = ((a - r).abs()[fin] / r.abs()[fin].clamp(min=1)).max().item()
     rows.append(("page scores (quest, bf16 min/max) vs reference, 32K", err, err < 1e-2))
+    methods = SelectMethods()
     for budget in (41, 164):
-        got = select_pages(a, lens, P, budget, width=budget, use_triton=True)
-        ref = select_pages(a, lens, P, budget, width=budget, use_triton=False)
+        got = select(a, lens, budget, methods, use_triton=True)
+        ref = select(a, lens, budget, methods, use_triton=False)
         same = all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
         rows.append((f"top-k selection kernel vs topk + sort, 32K, {budget} pages", 0.0, same))
     host = torch.randn(4096, 2, P, D, generator=g).to(DT).pin_memory()
@@ -135,7 +147,7 @@ def check_correctness(rows: list) -> None:
         h = torch.zeros(64 * HKV, 2, P, D, dtype=DT).pin_memory()
         gp = torch.zeros(32, 2, P, D, dtype=DT).cuda()
         sm = empty_summaries(64 * HKV, D, "cuda")
-        fn(k, v, h, gp, pg, off, slots, sm)
+        fn(k, v, h, gp, RowPlaces(pg, off), slots, sm)
         torch.cuda.synchronize()
         results.append((h, gp, sm))
     # rows that land on the same (page, offset) leave one of them: compare where unique
@@ -144,8 +156,11 @@ def check_correctness(rows: list) -> None:
 
 
 def attention_speed(contexts, rows: list) -> None:
-    from kernels.page_score import page_scores, select_pages
+    from kernels.page_score import page_scores
     from kernels.sparse_decode import sparse_decode_attention
+    from kernels.views import PageList, PageTable
+
+    methods = SelectMethods()  # the engine's choice of top-k method, timed per shape
 
     g = torch.Generator().manual_seed(1)
     for N in contexts:
@@ -178,6 +193,7 @@ def attention_speed(contexts, rows: list) -> None:
                 .to(torch.int32)
                 .cuda()
             )
+            table = PageTable(tables, lens, P)
             for frac in (0.02, 0.002):
                 k = max(4, round(frac * n_pages))
                 pages = random_lists(B, n_pages, k, g).cuda()
@@ -187,16 +203,16 @@ def attention_speed(contexts, rows: list) -> None:
                 counts = torch.full((B, HKV), k, dtype=torch.int32, device="cuda")
 
                 def kernel():
-                    sparse_decode_attention(q, kv, u, pages, counts, lens, D**-0.5)
+                    sparse_decode_attention(q, kv, PageList(u, pages, counts), lens, D**-0.5)
 
                 def selected(mode="quest", layers=1):
                     """Score every page, select, then the kernel for `layers` layers that
                     share the selection."""
-                    s = page_scores(q, summs[mode], tables, lens, P, HKV, mode)
-                    pg, cn = select_pages(s, lens, P, k, width=k)
+                    s = page_scores(q, PageSummaries(summs[mode], HKV, mode), table)
+                    pg, cn = select(s, lens, k, methods)
                     uu = (base + pg).to(torch.int32)
                     for _ in range(layers):
-                        sparse_decode_attention(q, kv, uu, pg, cn, lens, D**-0.5)
+                        sparse_decode_attention(q, kv, PageList(uu, pg, cn), lens, D**-0.5)
 
                 flat = kv.view(B * HKV, n_pages, 2, P, D)
                 sel = pages.view(B * HKV, k).long()
@@ -210,7 +226,7 @@ def attention_speed(contexts, rows: list) -> None:
                     torch.nn.functional.scaled_dot_product_attention(qg, kk, vv, enable_gqa=True)
 
                 def scoring(block=16, mode="quest"):
-                    page_scores(q, summs[mode], tables, lens, P, HKV, mode, block=block)
+                    page_scores(q, PageSummaries(summs[mode], HKV, mode), table, block=block)
 
                 if frac == 0.02:
                     for mode in ("quest", "mean"):
@@ -219,10 +235,10 @@ def attention_speed(contexts, rows: list) -> None:
                             print(json.dumps({"context": N, "batch": B, "scoring": mode,
                                               "block": blk, "ms": t}), flush=True)  # fmt: skip
 
-                scores = page_scores(q, summs["quest"], tables, lens, P, HKV, "quest")
+                scores = page_scores(q, PageSummaries(summs["quest"], HKV), table)
 
                 def selection(use_triton=True):
-                    select_pages(scores, lens, P, k, width=k, use_triton=use_triton)
+                    select(scores, lens, k, methods, use_triton=use_triton)
 
                 t_kernel = graph_time(kernel)
                 t_sel = graph_time(selected)
@@ -250,6 +266,7 @@ def attention_speed(contexts, rows: list) -> None:
 
 def gather_speed(rows: list) -> None:
     from kernels.uva_gather import gather_copy_engine, gather_pages
+    from kernels.views import GatherLaunch
 
     g = torch.Generator().manual_seed(2)
     big = torch.empty(1 << 28, dtype=torch.uint8).pin_memory()
@@ -269,7 +286,7 @@ def gather_speed(rows: list) -> None:
         sic, dic = si.cuda(), di.cuda()
         best = (0.0, 0)
         for progs in (8, 16, 32, 66, 132, 264):
-            t = event_time(lambda p=progs: gather_pages(host, slots, sic, dic, max_programs=p), 5)
+            t = event_time(lambda p=progs: gather_pages(host, slots, sic, dic, GatherLaunch(p)), 5)
             gbs = n * page_bytes / t / 1e6
             rows.append({"what": f"UVA gather {page_bytes // 1024} KB pages", "programs": progs,
                          "GB/s": gbs, "x_ceiling": gbs / ceiling})  # fmt: skip
@@ -293,7 +310,7 @@ def gather_speed(rows: list) -> None:
         for progs in (8, 16, 32, 66):
 
             def gather(p=progs):
-                gather_pages(host, slots, sic, dic, max_programs=p)
+                gather_pages(host, slots, sic, dic, GatherLaunch(p))
 
             t_g = event_time(gather, 3)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
+from kernels.views import RowPlaces, SlotTable
 
 if HAS_TRITON:
     import triton
@@ -63,13 +64,14 @@ def append_kv(
     v: torch.Tensor,
     host: torch.Tensor,
     gpu: torch.Tensor | None,
-    pages: torch.Tensor,
-    offsets: torch.Tensor,
+    at: RowPlaces,
     slots: torch.Tensor | None,
     summ: torch.Tensor,
     use_triton: bool | None = None,
 ) -> None:
-    """Write rows k/v into the host pool, their GPU slots and the key summaries."""
+    """Write rows k/v into the host pool at their places, their GPU slots and the key
+    summaries."""
+    pages, offsets = at.pages, at.offsets
     N, Hkv, D = k.shape
     assert v.shape == k.shape and host.shape[1:] == (2, host.shape[2], D)
     assert pages.shape == offsets.shape == (N,) and summ.shape[1:] == (3, D)
@@ -79,7 +81,7 @@ def append_kv(
     if N == 0:
         return
     if not (HAS_TRITON and (use_triton if use_triton is not None else k.is_cuda)):
-        append_kv_reference(k, v, host, gpu, pages, offsets, slots, summ)
+        append_kv_reference(k, v, host, gpu, at, slots, summ)
         return
     host_arg = host
     if k.is_cuda and not host.is_cuda:
@@ -100,7 +102,8 @@ def append_kv(
     )  # fmt: skip
 
 
-def append_kv_reference(k, v, host, gpu, pages, offsets, slots, summ) -> None:
+def append_kv_reference(k, v, host, gpu, at: RowPlaces, slots, summ) -> None:
+    pages, offsets = at.pages, at.offsets
     N, Hkv, D = k.shape
     dev = host.device
     units = (pages.long()[:, None] * Hkv + torch.arange(Hkv, device=pages.device)).to(dev)
@@ -174,25 +177,25 @@ if HAS_TRITON:
 def tier_append(
     k: torch.Tensor,
     v: torch.Tensor,
-    slots: torch.Tensor,
-    slot_of: torch.Tensor,
+    tier: SlotTable,
     summ: torch.Tensor,
-    pages: torch.Tensor,
-    offsets: torch.Tensor,
+    at: RowPlaces,
     rows: dict[str, int],
     fold: bool,
     use_triton: bool | None = None,
 ) -> None:
-    """One layer: k, v [N, Hkv, D] (rows already in the host tier) into the GPU slots
-    `slots` [S, 2, P, D] of their units (`slot_of` [U] int32, -1: none) and, with `fold`,
-    into the summaries `summ` [U, R, D] (`rows`: kernels.page_score.summary_rows). With
-    `fold`, the N rows must fall in distinct pages (see above); pages, offsets [N]."""
+    """One layer: k, v [N, Hkv, D] (rows already in the host tier, at pages, offsets [N])
+    into the GPU slots tier.slots [S, 2, P, D] of their units (tier.slot_of [U] int32, -1:
+    none) and, with `fold`, into the summaries `summ` [U, R, D] (`rows`:
+    kernels.page_score.summary_rows). With `fold`, the N rows must fall in distinct pages
+    (see above)."""
+    slots, slot_of, pages, offsets = tier.slots, tier.slot_of, at.pages, at.offsets
     N, Hkv, D = k.shape
     assert v.shape == k.shape and pages.shape == offsets.shape == (N,)
     if N == 0:
         return
     if not (HAS_TRITON and (use_triton if use_triton is not None else k.is_cuda)):
-        tier_append_reference(k, v, slots, slot_of, summ, pages, offsets, rows, fold)
+        tier_append_reference(k, v, tier, summ, at, rows, fold)
         return
     _tier_append_kernel[(N, Hkv)](
         k, v, slots, slot_of, summ, pages, offsets,
@@ -202,9 +205,10 @@ def tier_append(
     )  # fmt: skip
 
 
-def tier_append_reference(k, v, slots, slot_of, summ, pages, offsets, rows, fold) -> None:
+def tier_append_reference(k, v, tier: SlotTable, summ, at: RowPlaces, rows, fold) -> None:
     """The same in torch ops, for any rows (rows of one page fold with scatter reductions);
     no host round trip (CUDA-graph safe). The last unit of `summ` is scratch."""
+    slots, slot_of, pages, offsets = tier.slots, tier.slot_of, at.pages, at.offsets
     N, Hkv, D = k.shape
     dev = slots.device
     heads = torch.arange(Hkv, device=dev)

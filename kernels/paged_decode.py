@@ -15,6 +15,7 @@ import math
 import torch
 
 from kernels import HAS_TRITON
+from kernels.views import PagedKV
 
 if HAS_TRITON:
     import triton
@@ -169,28 +170,31 @@ def default_num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
 
 def paged_decode_attention(
     q: torch.Tensor,
-    kv: torch.Tensor,
-    block_tables: torch.Tensor,
-    kv_lens: torch.Tensor,
+    cache: PagedKV,
     scale: float,
     num_splits: int | None = None,
     block_n: int = 64,
     use_triton: bool | None = None,
     fused: bool = False,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [B, Hq, D]; kv: [N, Hkv, 2, P, D]; block_tables: [B, max_pages] int32;
-    kv_lens: [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype.
+    """q: [B, Hq, D]; the cache: kv [N, Hkv, 2, P, D], block_tables [B, max_pages] int32,
+    kv_lens [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype.
 
     fused: the last split of each (sequence, KV head) merges the partials itself instead of a
     second kernel. Slower on the H200: 16.1 us vs 11.4 us per layer inside a CUDA graph at 4K
-    tokens, batch 1 (the merge runs serially on the critical path), so it is off by default."""
+    tokens, batch 1 (the merge runs serially on the critical path), so it is off by default.
+    It counts the finished splits in `counters`: zeroed int32, one per (sequence, KV head)
+    at least, left at zero again by each call (the caller keeps them, and a CUDA graph
+    captures their address once; None: new ones for this call)."""
+    kv, block_tables, kv_lens = cache.kv, cache.block_tables, cache.kv_lens
     B, Hq, D = q.shape
     _, Hkv, two, P, Dk = kv.shape
     assert two == 2 and Dk == D and Hq % Hkv == 0, (q.shape, kv.shape)
     assert block_tables.shape[0] == B and kv_lens.shape == (B,)
     assert q.stride(-1) == 1 and kv.stride(-1) == 1
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
-        return paged_decode_reference(q, kv, block_tables, kv_lens, scale)
+        return paged_decode_reference(q, cache, scale)
     G = Hq // Hkv
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, q.device)
@@ -199,7 +203,12 @@ def paged_decode_attention(
     lsum = torch.empty_like(m)
     out = torch.empty_like(q)
     sp = triton.next_power_of_2(num_splits)
-    counters = _split_counters(q.device, B * Hkv) if fused else m  # unused when not fused
+    if not fused:
+        counters = m  # (unused)
+    elif counters is None:
+        counters = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
+    else:
+        assert counters.dtype == torch.int32 and counters.numel() >= B * Hkv
     _paged_decode_kernel[(B, Hkv, num_splits)](
         q, kv, block_tables, kv_lens, acc, m, lsum, counters, out,
         scale,
@@ -220,27 +229,9 @@ def paged_decode_attention(
     return out
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per (sequence, KV head), kept for the process: each call
-    leaves them at zero again, and CUDA graphs capture their address once."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
-
-
-def paged_decode_reference(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    block_tables: torch.Tensor,
-    kv_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
+def paged_decode_reference(q: torch.Tensor, cache: PagedKV, scale: float) -> torch.Tensor:
     """Pure torch: gather each sequence's pages, then softmax attention in fp32."""
+    kv, block_tables, kv_lens = cache.kv, cache.block_tables, cache.kv_lens
     B, Hq, D = q.shape
     Hkv, P = kv.shape[1], kv.shape[3]
     out = torch.empty_like(q)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels import HAS_TRITON, host_pointer
+from kernels.views import RowPlaces
 
 if HAS_TRITON:
     import triton
@@ -60,8 +61,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None]
 
 
-def rope_kv_reference(q, k, v, cos, sin, kv, slot_pages, slot_offsets):
-    """q: [T, Hq, D], k, v: [T, Hkv, D], cos/sin: [T, D], kv: [N, Hkv, 2, P, D]."""
+def rope_kv_reference(q, k, v, cos, sin, kv, at: RowPlaces):
+    """q: [T, Hq, D], k, v: [T, Hkv, D], cos/sin: [T, D], kv: [N, Hkv, 2, P, D]; the rows
+    go to `at` (pages, offsets [T])."""
+    slot_pages, slot_offsets = at.pages, at.offsets
     hq = q.shape[1]
     x = apply_rope(torch.cat((q, k), dim=1), cos, sin)  # q and k together: half the CPU ops
     q, k = x[:, :hq], x[:, hq:]
@@ -70,10 +73,12 @@ def rope_kv_reference(q, k, v, cos, sin, kv, slot_pages, slot_offsets):
     return q, k
 
 
-def rope_kv(q, k, v, cos, sin, kv, slot_pages, slot_offsets, use_triton: bool | None = None):
-    """Returns the rotated (q [T, Hq, D], k [T, Hkv, D]); writes rotated k and v into kv."""
+def rope_kv(q, k, v, cos, sin, kv, at: RowPlaces, use_triton: bool | None = None):
+    """Returns the rotated (q [T, Hq, D], k [T, Hkv, D]); writes rotated k and v into kv at
+    `at`."""
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
-        return rope_kv_reference(q, k, v, cos, sin, kv, slot_pages, slot_offsets)
+        return rope_kv_reference(q, k, v, cos, sin, kv, at)
+    slot_pages, slot_offsets = at.pages, at.offsets
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     assert k.shape == v.shape == (T, Hkv, D) and kv.shape[1] == Hkv and kv.shape[-1] == D

@@ -29,6 +29,7 @@ import math
 import torch
 
 from kernels import HAS_TRITON
+from kernels.views import PageList
 
 if HAS_TRITON:
     import triton
@@ -168,27 +169,26 @@ def _check(q, kv, units, pages, counts, kv_lens):
 def sparse_decode_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
-    units: torch.Tensor,
-    pages: torch.Tensor,
-    counts: torch.Tensor,
+    listed: PageList,
     kv_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
     block_pages: int = 4,
     use_triton: bool | None = None,
-    qmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, T, Hq, D] over the listed pages; returns [B, T, Hq, D] in q's
     dtype. See the module docstring for the layout. A row that sees no key returns NaN
-    (the caller always lists the query's own page). `qmask` [B, Hkv, M] int32 (optional):
-    bit t of an entry says whether query t reads that page (the union of per-query
-    selections of a verification: one list, one fetch, each query its own pages)."""
+    (the caller always lists the query's own page). `listed.qmask` [B, Hkv, M] int32
+    (optional): bit t of an entry says whether query t reads that page (the union of
+    per-query selections of a verification: one list, one fetch, each query its own
+    pages)."""
+    units, pages, counts, qmask = listed.units, listed.pages, listed.counts, listed.qmask
     B, T, Hq, D, P, Hkv, Mx = _check(q, kv, units, pages, counts, kv_lens)
     if qmask is not None:
         assert qmask.shape == units.shape and qmask.dtype == torch.int32 and T <= 31
         assert qmask.stride() == units.stride()
     if not (HAS_TRITON and (use_triton if use_triton is not None else q.is_cuda)):
-        return sparse_decode_reference(q, kv, units, pages, counts, kv_lens, scale, qmask)
+        return sparse_decode_reference(q, kv, listed, kv_lens, scale)
     G = Hq // Hkv
     R = max(16, triton.next_power_of_2(G * T))
     if num_splits is None:
@@ -237,17 +237,11 @@ def _reference_one(qh, kv, units, pages, n: int, scale: float) -> torch.Tensor:
 
 
 def sparse_decode_reference(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    units: torch.Tensor,
-    pages: torch.Tensor,
-    counts: torch.Tensor,
-    kv_lens: torch.Tensor,
-    scale: float,
-    qmask: torch.Tensor | None = None,
+    q: torch.Tensor, kv: torch.Tensor, listed: PageList, kv_lens: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Pure torch, fp32: gather each (sequence, head)'s listed pages, mask by position (and
     by `qmask`'s bits: query t reads the entries whose bit t is set)."""
+    units, pages, counts, qmask = listed.units, listed.pages, listed.counts, listed.qmask
     B, T, Hq, D, P, Hkv, _ = _check(q, kv, units, pages, counts, kv_lens)
     G = Hq // Hkv
     out = torch.empty_like(q)

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HAS_TRITON
-from kernels.uva_gather import GATHER_PROGRAMS, NOT_STAGED, gather_pages
+from kernels.uva_gather import NOT_STAGED, gather_pages
+from kernels.views import GATHER_PROGRAMS, GatherLaunch, Stage
 
 NEVER = torch.iinfo(torch.int32).max  # a protected slot's value
 NO_CLAIM = torch.iinfo(torch.long).max
@@ -69,6 +70,7 @@ class LayerState:
     slots: torch.Tensor  # [S + 1, 2, P, D]: the GPU tier
     claim: torch.Tensor  # [U + 1] int64, NO_CLAIM between calls (shared by every layer)
     clock: torch.Tensor  # [] int64: the decode step (shared by every layer)
+    gather_programs: int = GATHER_PROGRAMS  # the fetch's programs (EngineConfig)
 
     @property
     def scratch_slot(self) -> int:  # (the last entries are scratch)
@@ -249,14 +251,14 @@ if HAS_TRITON:
 
 
 def allocate_triton(st: LayerState, units: torch.Tensor, valid: torch.Tensor, acc: torch.Tensor,
-                    counters: dict[str, int], stage: tuple | None = None,
+                    counters: dict[str, int], stage: Stage | None = None,
                     before_gather: Callable[[], None] | None = None,
                     victims: Callable | None = None) -> torch.Tensor:  # fmt: skip
     """Make `units` [n] int64 resident where `valid` [n] bool (the others read the scratch
     slot). Returns their slots [n] int32.
     `counters`: the indices in `acc` of fetched, evicted, demand_fetched, locality_hits
     and locality_total (and prefetch_hits, prefetch_waste with a stage). `stage`: (rows
-    [R, 2, P, D], stage_of [U + 1] int32) of units a Forecast prefetch has already copied
+    [R, 2, P, D], row_of [U + 1] int32) of units a Forecast prefetch has already copied
     to the device (kernels.uva_gather): those fill their slots from there, and count as
     prefetch hits instead of fetches. `before_gather`: called just before the first read of
     the stage (the wait for the prefetch's stream), so everything before it runs beside the
@@ -303,13 +305,12 @@ def _gather(st, src, dst, acc, counters, stage, before_gather, count=None) -> No
     if before_gather is not None:
         before_gather()
     if stage is None:
-        gather_pages(st.host_units, st.slots, src, dst, count=count)
-        return
-    rows, stage_of = stage
+        return gather_pages(st.host_units, st.slots, src, dst, GatherLaunch(st.gather_programs),
+                            count=count)  # fmt: skip
     # mostly device-to-device copies (the staged units) and a few host reads: more programs
-    gather_pages(st.host_units, st.slots, src, dst, stage=rows, stage_of=stage_of,
-                 max_programs=4 * GATHER_PROGRAMS, count=count)  # fmt: skip
-    hits = ((dst >= 0) & (stage_of[src.long()] != NOT_STAGED)).sum()
+    gather_pages(st.host_units, st.slots, src, dst, GatherLaunch(4 * st.gather_programs),
+                 stage=stage, count=count)  # fmt: skip
+    hits = ((dst >= 0) & (stage.row_of[src.long()] != NOT_STAGED)).sum()
     acc[counters["prefetch_hits"]] += hits
     for name in ("fetched", "demand_fetched", "prefetch_waste"):
         acc[counters[name]] -= hits

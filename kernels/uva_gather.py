@@ -13,18 +13,13 @@ Pools are viewed as [units, 2, P, D]; `src_units[i]` goes to `dst_units[i]`.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
+from kernels.views import Counters, GatherLaunch, PageTable, Resident, Selected, Stage
 
 NOT_STAGED = 2**31 - 1  # a stage table's entry for a unit that no prefetch staged
 GATHER_ELEMENTS = 16384  # elements per program and round trip by default (32 KB of bf16)
-# programs by default: with 4 units of 8 KB in flight each, 16 programs gather at 49.2 GB/s
-# on the H200 (8: 48.8, 66: 49.4; cudaMemcpy 55.4) and leave the other 116 SMs to the work
-# beside them (bench.gather_overlap, docs/benchmarks.md); AGENTCTX_GATHER_PROGRAMS overrides
-GATHER_PROGRAMS = int(os.environ.get("AGENTCTX_GATHER_PROGRAMS", "16"))
 
 if HAS_TRITON:
     import triton
@@ -119,11 +114,8 @@ def gather_pages(
     dst: torch.Tensor,
     src_units: torch.Tensor,
     dst_units: torch.Tensor,
-    max_programs: int | None = None,
-    rows: int | None = None,
-    use_triton: bool | None = None,
-    stage: torch.Tensor | None = None,
-    stage_of: torch.Tensor | None = None,
+    launch: GatherLaunch | None = None,
+    stage: Stage | None = None,
     count: torch.Tensor | None = None,
 ) -> None:
     """dst[dst_units[i]] = src[src_units[i]] for every i with dst_units[i] >= 0 (entries of
@@ -132,16 +124,18 @@ def gather_pages(
     only the first `count` (a list compacted on the device: a decode step's 1,312 entries
     held ~28 live ones, and walking them all took half the gather's 16 us per layer on
     the H200). src [U, 2, P, D] may be pinned host memory (read through UVA) when dst is
-    on the GPU; indices are int32 on dst's device. `max_programs`: None takes
-    GATHER_PROGRAMS (16); `rows`: units per program and round trip (None: as many as make
+    on the GPU; indices are int32 on dst's device. `launch`: the programs (by default
+    GATHER_PROGRAMS, 16) and the units per program and round trip (None: as many as make
     16K elements, 4 units of 8 KB). Each program waits for one round trip at a time, so the
     bandwidth follows the bytes in flight, programs x rows x unit bytes. (The kernel before `rows` moved 2 KB per round
     trip: 33.7 / 49.6 GB/s with 32 / 66 programs for 4 KB pages against a 55.4 GB/s
     cudaMemcpy ceiling, H200, docs/benchmarks.md.)
 
-    `stage` [R, 2, P, D] on dst's device and `stage_of` [U] int32: units that a prefetch
-    has already copied to the device (stage_of[unit] = its row, NOT_STAGED otherwise) are
+    `stage` (rows [R, 2, P, D] on dst's device, row_of [U] int32): units that a prefetch
+    has already copied to the device (row_of[unit] = its row, NOT_STAGED otherwise) are
     copied from there instead of the host."""
+    launch = launch or GatherLaunch()
+    max_programs, rows, use_triton = launch.programs, launch.rows, launch.use_triton
     _units(src), _units(dst)
     assert src.shape[1:] == dst.shape[1:] and src.dtype == dst.dtype
     assert src_units.shape == dst_units.shape and src_units.dtype == torch.int32
@@ -150,7 +144,7 @@ def gather_pages(
         return
     on_gpu = dst.is_cuda
     if not (HAS_TRITON and (use_triton if use_triton is not None else on_gpu)):
-        gather_reference(src, dst, src_units, dst_units, stage, stage_of)
+        gather_reference(src, dst, src_units, dst_units, stage)
         return
     if on_gpu and not src.is_cuda:
         src_arg = host_pointer(src)
@@ -158,8 +152,6 @@ def gather_pages(
         assert INTERPRET or src.device == dst.device
         src_arg = src
     E = src[0].numel()
-    if max_programs is None:
-        max_programs = GATHER_PROGRAMS
     EB = triton.next_power_of_2(E)
     if rows is None:
         rows = max(1, GATHER_ELEMENTS // EB)
@@ -167,8 +159,8 @@ def gather_pages(
     nprog = max(1, min(max_programs, triton.cdiv(n, rows)))
     has = stage is not None
     _gather_kernel[(nprog,)](
-        src_arg, dst, src_units, dst_units, stage if has else dst,
-        stage_of if has else dst_units, count if count is not None else dst_units, n, E=E,
+        src_arg, dst, src_units, dst_units, stage.rows if has else dst,
+        stage.row_of if has else dst_units, count if count is not None else dst_units, n, E=E,
         EB=EB, ROWS=rows, NPROG=nprog, HAS_STAGE=has, NONE=NOT_STAGED,
         HAS_COUNT=count is not None, num_warps=8 if rows * EB >= 8192 else 4,
     )  # fmt: skip
@@ -176,16 +168,16 @@ def gather_pages(
 
 def gather_reference(
     src: torch.Tensor, dst: torch.Tensor, src_units: torch.Tensor, dst_units: torch.Tensor,
-    stage: torch.Tensor | None = None, stage_of: torch.Tensor | None = None,
+    stage: Stage | None = None,
 ) -> None:  # fmt: skip
     keep = dst_units >= 0
     src_units, dst_units = src_units[keep], dst_units[keep]
     rows = src.index_select(0, src_units.to(src.device).long()).to(dst.device)
     if stage is not None:
-        r = stage_of[src_units.to(stage_of.device).long()].long()
+        r = stage.row_of[src_units.to(stage.row_of.device).long()].long()
         staged = r != NOT_STAGED
         rows = torch.where(staged[:, None, None, None],
-                           stage[torch.where(staged, r, 0)], rows)  # fmt: skip
+                           stage.rows[torch.where(staged, r, 0)], rows)  # fmt: skip
     dst.index_copy_(0, dst_units.to(dst.device).long(), rows)
 
 
@@ -210,62 +202,68 @@ def gather_copy_engine(
 
 
 def stage_pages(
-    src: torch.Tensor, stage: torch.Tensor, stage_of: torch.Tensor, pages: torch.Tensor,
-    counts: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, slot_of: torch.Tensor,
-    rows_written: int, scratch_unit: int, acc: torch.Tensor, counters: tuple[int, int, int],
-    max_programs: int | None = None, use_triton: bool | None = None,
+    src: torch.Tensor, stage: Stage, chosen: Selected, table: PageTable, resident: Resident,
+    rows_written: int, counters: Counters, launch: GatherLaunch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """A prefetch's staging in one kernel: for a predicted selection (pages [B, Hkv, W]
-    columns of `tables` [B, M], counts [B, Hkv]), copy each listed unit (page id * Hkv +
-    head) that is not resident (slot_of[unit] < 0) and not on a page that this step's last
-    `rows_written` rows of the sequence (lens [B]) go to, once, from the host pool `src`
-    into `stage` at its listing's row, and record it in `stage_of` (NOT_STAGED before).
-    Adds the number staged to acc[c] for each counter index c. Returns (at [N] int64: the
-    entry's unit where it wanted one, else `scratch_unit`, for clearing stage_of; page
-    ids [B, Hkv, W] int32, -1 past counts)."""
+    """A prefetch's staging in one kernel: for a predicted selection (chosen.pages
+    [B, Hkv, W] columns of table.block_tables [B, M], chosen.counts [B, Hkv]), copy each
+    listed unit (page id * Hkv + head) that is not resident (resident.slot_of[unit] < 0)
+    and not on a page that this step's last `rows_written` rows of the sequence
+    (table.kv_lens [B]) go to, once, from the host pool `src` into stage.rows at its
+    listing's row, and record it in stage.row_of (NOT_STAGED before). Adds the number staged
+    to counters.acc[c] for each index c of counters.at. Returns (at [N] int64: the entry's
+    unit where it wanted one, else the scratch unit, for clearing row_of; page ids
+    [B, Hkv, W] int32, -1 past counts). `launch.rows` is not used (the kernel's own)."""
+    pages, counts = chosen.pages, chosen.counts
     B, Hkv, W = pages.shape
     n = pages.numel()
-    dev = stage.device
-    on_gpu = stage.is_cuda
+    dev = stage.rows.device
+    on_gpu = stage.rows.is_cuda
+    launch = launch or GatherLaunch()
+    use_triton = launch.use_triton
     if not (HAS_TRITON and (use_triton if use_triton is not None else on_gpu)):
-        return stage_pages_reference(src, stage, stage_of, pages, counts, tables, lens, slot_of,
-                                     rows_written, scratch_unit, acc, counters)  # fmt: skip
+        return stage_pages_reference(src, stage, chosen, table, resident, rows_written, counters)
     src_arg = host_pointer(src) if on_gpu and not src.is_cuda else src
     at = torch.empty(n, dtype=torch.long, device=dev)
     ids = torch.empty(B, Hkv, W, dtype=torch.int32, device=dev)
     E = src[0].numel()
     EB = triton.next_power_of_2(E)
     rows = max(1, GATHER_ELEMENTS // EB)
-    if max_programs is None:
-        max_programs = GATHER_PROGRAMS
-    nprog = max(1, min(max_programs, triton.cdiv(n, rows)))
+    nprog = max(1, min(launch.programs, triton.cdiv(n, rows)))
+    tables, lens = table.block_tables, table.kv_lens
     _stage_kernel[(nprog,)](
-        src_arg, stage, pages.contiguous(), counts.contiguous(), tables.contiguous(),
-        lens.contiguous(), slot_of, stage_of, at, ids, acc, n, tables.shape[1], rows_written,
-        scratch_unit, *counters, HKV=Hkv, W=W, P=stage.shape[2], E=E, EB=EB, ROWS=rows,
-        NPROG=nprog, NONE=NOT_STAGED, num_warps=8 if rows * EB >= 8192 else 4,
+        src_arg, stage.rows, pages.contiguous(), counts.contiguous(), tables.contiguous(),
+        lens.contiguous(), resident.slot_of, stage.row_of, at, ids, counters.acc, n,
+        tables.shape[1], rows_written, resident.scratch_unit, *counters.at, HKV=Hkv, W=W,
+        P=stage.rows.shape[2], E=E, EB=EB, ROWS=rows, NPROG=nprog, NONE=NOT_STAGED,
+        num_warps=8 if rows * EB >= 8192 else 4,
     )  # fmt: skip
     return at, ids
 
 
-def stage_pages_reference(src, stage, stage_of, pages, counts, tables, lens, slot_of,
-                          rows_written, scratch_unit, acc, counters):  # fmt: skip
+def stage_pages_reference(src: torch.Tensor, stage: Stage, chosen: Selected, table: PageTable,
+                          resident: Resident, rows_written: int,
+                          counters: Counters) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """stage_pages in torch (each wanted unit staged at its first listing's row)."""
+    pages, counts = chosen.pages, chosen.counts
+    tables, lens = table.block_tables, table.kv_lens
+    slot_of, scratch_unit, acc = resident.slot_of, resident.scratch_unit, counters.acc
+    stage_of = stage.row_of
     B, Hkv, W = pages.shape
-    dev = stage.device
+    dev = stage.rows.device
     ids = torch.gather(tables.long(), 1, pages.reshape(B, -1).long()).view(B, Hkv, W)
     valid = torch.arange(W, device=dev)[None, None, :] < counts[..., None]
     units = (ids * Hkv + torch.arange(Hkv, device=dev)[None, :, None]).reshape(-1)
-    written = pages >= ((lens.long() - rows_written) // stage.shape[2])[:, None, None]
+    written = pages >= ((lens.long() - rows_written) // stage.rows.shape[2])[:, None, None]
     want = (valid & ~written).reshape(-1)
     want &= slot_of[torch.where(want, units, scratch_unit)] < 0
     at = torch.where(want, units, scratch_unit)
     idx = torch.arange(at.numel(), device=dev, dtype=torch.int32)
     stage_of.scatter_reduce_(0, at, torch.where(want, idx, NOT_STAGED), "amin")
     first = want & (stage_of[at] == idx)
-    gather_pages(src, stage, torch.where(first, units, 0).to(torch.int32),
-                 torch.where(first, idx, -1), use_triton=False)  # fmt: skip
+    gather_pages(src, stage.rows, torch.where(first, units, 0).to(torch.int32),
+                 torch.where(first, idx, -1), GatherLaunch(use_triton=False))  # fmt: skip
     n = first.sum()
-    for c in counters:
+    for c in counters.at:
         acc[c] += n
     return at, torch.where(valid, ids, -1).to(torch.int32)

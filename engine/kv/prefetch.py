@@ -13,8 +13,9 @@ import torch
 from engine.kv.residency import Residency
 from engine.kv.selection import Selection
 from engine.kv.sparse_config import C, SparseConfig
-from kernels.page_score import count_recall
+from kernels.page_recall import RecallCounters, count_recall
 from kernels.uva_gather import NOT_STAGED, stage_pages
+from kernels.views import Counters, GatherLaunch, PageTable, Resident, Selected, Stage
 
 
 class Prefetcher:
@@ -128,12 +129,14 @@ class Prefetcher:
             self.stage = torch.empty(res.num_slots + 1, *res.slots.shape[2:],
                                      dtype=res.slots.dtype, device=self.device)  # fmt: skip
         # one kernel: each missing unit copied once to the stage, at its listing's row
+        programs = self.sparse.prefetch_programs
+        programs = res.allocator.gather_programs if programs is None else programs
         at, _ = stage_pages(
-            res.host_units[layer], self.stage, self.stage_of, pages, counts, block_tables,
-            kv_lens, res.slot_of[layer] if resident is None else resident, rows,
-            res.scratch_unit, self.acc,
-            (C["fetched"], C["prefetched"], C["prefetch_waste"]),  # (waste until used)
-            max_programs=self.sparse.prefetch_programs,
+            res.host_units[layer], Stage(self.stage, self.stage_of), Selected(pages, counts),
+            PageTable(block_tables, kv_lens, self.sel.P),
+            Resident(res.slot_of[layer] if resident is None else resident, res.scratch_unit),
+            rows, Counters(self.acc, (C["fetched"], C["prefetched"], C["prefetch_waste"])),
+            GatherLaunch(programs),  # (the waste counts until the stage is used)
         )  # fmt: skip
         self.predicted[layer] = (pages, counts)
         self.staged[layer] = at
@@ -144,7 +147,7 @@ class Prefetcher:
         staged units, and waiting for the prefetch just before the gather."""
         staged = self.staged.pop(layer, None)
         slot = self.res.ensure_resident(layer, units, valid,
-                                        None if staged is None else (self.stage, self.stage_of),
+                                        None if staged is None else Stage(self.stage, self.stage_of),
                                         lambda: self.join(layer))  # fmt: skip
         if staged is not None:  # the stage table is clean for the next layer's prefetch
             self.stage_of.index_fill_(0, staged, NOT_STAGED)
@@ -158,5 +161,6 @@ class Prefetcher:
             # (a graph captured with the old scratch still writes it: keep it alive)
             self._recall_marks_old.append(self._recall_mark)
             self._recall_mark = torch.zeros(n, dtype=torch.int8, device=pages.device)
-        count_recall(pages, valid, *predicted, M, self.acc, C["recall_hits"], C["recall_total"],
-                     self.recall_by_layer, layer, self._recall_mark)  # fmt: skip
+        counters = RecallCounters(self.acc, C["recall_hits"], C["recall_total"],
+                                  self.recall_by_layer, self._recall_mark)  # fmt: skip
+        count_recall(pages, valid, *predicted, M, counters, layer)

@@ -31,18 +31,20 @@ from kernels.tier_alloc import (
     least_valuable,
     victims_triton,
 )
+from kernels.views import GATHER_PROGRAMS, Stage
 
 
 class SlotAllocator:
     """Makes a layer's listed units resident (kernels.tier_alloc), by kernels or by their
     reference; the victims kernel stays in use until it fails to build once."""
 
-    def __init__(self, kernels: bool = True) -> None:
+    def __init__(self, kernels: bool = True, gather_programs: int = GATHER_PROGRAMS) -> None:
         self.kernels = kernels  # on a GPU: the Triton kernels (False: the torch reference)
+        self.gather_programs = gather_programs  # the UVA gather's programs (EngineConfig)
         self.victims_kernel = True  # False once the victims kernels failed to build
 
     def allocate(self, st: LayerState, units: torch.Tensor, valid: torch.Tensor,
-                 acc: torch.Tensor, stage: tuple | None = None,
+                 acc: torch.Tensor, stage: Stage | None = None,
                  before_gather: Callable[[], None] | None = None) -> torch.Tensor:  # fmt: skip
         if HAS_TRITON and self.kernels and units.is_cuda:
             return allocate_triton(st, units, valid, acc, C, stage, before_gather,
@@ -92,19 +94,19 @@ class Residency:
     def layer(self, layer: int) -> LayerState:
         return LayerState(self.slot_of[layer], self.unit_in[layer], self.last_used[layer],
                           self.uses[layer], self.host_units[layer], self.slots[layer],
-                          self.claim, self.clock)  # fmt: skip
+                          self.claim, self.clock, self.allocator.gather_programs)  # fmt: skip
 
     def resident_units(self) -> int:
         return int((self.unit_in[:, : self.num_slots] >= 0).sum())
 
     def ensure_resident(self, layer: int, units: torch.Tensor, valid: torch.Tensor,
-                        stage: tuple | None = None,
+                        stage: Stage | None = None,
                         before_gather: Callable[[], None] | None = None) -> torch.Tensor:  # fmt: skip
         """Slots [N] int32 of `units` [N] (entries where `valid` is false read the scratch
         slot); every valid unit is resident afterwards. Missing units take the least
         valuable slots that this step does not read (free ones first, then the oldest last
         use, then the fewest uses) and are fetched from `stage` (a prefetch's: rows,
-        stage_of) or, failing that, from the host with the UVA gather; `before_gather` runs
+        row_of) or, failing that, from the host with the UVA gather; `before_gather` runs
         just before that gather. All on the device: fixed shapes, no host round trip."""
         return self.allocator.allocate(self.layer(layer), units, valid, self.acc, stage,
                                        before_gather)  # fmt: skip

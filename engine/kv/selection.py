@@ -3,7 +3,8 @@ group pooled, select sinks + window + top-k (+ an optional stochastic tail), and
 verification, each query's own selection with their union listed once.
 
 Scores come from the page summaries (Quest's min/max bound or the mean key,
-kernels.page_score), or from a `PageScorer` put in their place: benchmarks and evaluations
+kernels.page_score; the top-k by kernels.page_topk, its method per shape chosen by
+engine.kv.select_methods), or from a `PageScorer` put in their place: benchmarks and evaluations
 bring their own (bench.scorers: random selections on dummy weights, the oracle's exact
 attention mass). One selection may serve a group of consecutive layers.
 """
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.select_methods import SelectMethods
 from engine.kv.sparse_config import SparseConfig
-from kernels.page_score import empty_summaries, page_scores, select_pages, summary_rows
+from kernels.page_score import PageSummaries, empty_summaries, page_scores, summary_rows
+from kernels.page_topk import select_pages
 from kernels.page_union import union_pages
+from kernels.views import PageTable, SelectRule
 
 
 class PageScorer:
@@ -57,6 +61,7 @@ class Selection:
         units, dtype = num_pages * Hkv, host_pool.dtype
         self.sparse, self.P, self.Hkv, self.device = sparse, P, Hkv, device
         self.scorer: PageScorer | None = None
+        self.methods = SelectMethods()  # the top-k method per shape, timed at its first call
         # one allocation for every layer (at 500K tokens: 3.8 GiB of Quest summaries)
         summ = empty_summaries(L * (units + 1), D, device, mode=sparse.summary, dtype=dtype)
         self.summ = summ.view(L, units + 1, *summ.shape[1:])
@@ -114,7 +119,11 @@ class Selection:
         if record:
             scores = self.scorer.decode_scores(layer, q, block_tables, kv_lens, scale)
         elif scores is None:
-            scores = page_scores(q, self.summ[layer], block_tables, kv_lens, P, Hkv, sp.summary)
+            scores = page_scores(
+                q,
+                PageSummaries(self.summ[layer], Hkv, sp.summary),
+                PageTable(block_tables, kv_lens, P),
+            )
         # each sequence's own budget (the step's is the longest one's): its pages do not
         # depend on what else is in the batch; computed once per step (every layer and the
         # prefetch get the same lengths tensor)
@@ -124,10 +133,11 @@ class Selection:
         else:
             budgets = self.budget_pages((kv_lens.long() + P - 1) // P).clamp(max=budget)
             self._seq_budgets = (kv_lens, budget, budgets)
+        rule = SelectRule(P, budget, sp.sink_pages, sp.window_pages,
+                          width=None if sp.tail_pages else budget)  # fmt: skip
         pages, counts = select_pages(
-            scores, kv_lens, P, budget, sp.sink_pages, sp.window_pages, sp.tail_pages,
-            generator=self._gen if sp.tail_pages else None,
-            width=None if sp.tail_pages else budget, budgets=budgets,
+            scores, kv_lens, rule, budgets, self.methods.method_for(scores, kv_lens, rule, budgets),
+            sp.tail_pages, generator=self._gen if sp.tail_pages else None,
         )  # fmt: skip
         if record:
             valid = torch.arange(pages.shape[-1], device=pages.device) < counts[..., None]
@@ -153,11 +163,13 @@ class Selection:
         if self.scorer is not None:
             scores = self.scorer.verify_scores(layer, block_tables, budgets, T)
         else:
-            scores = page_scores(q, self.summ[layer], block_tables, kv_lens.to(torch.int32), P,
-                                 Hkv, sp.summary, per_query=True).reshape(B * T, Hkv, M)  # fmt: skip
+            scores = page_scores(q, PageSummaries(self.summ[layer], Hkv, sp.summary),
+                                 PageTable(block_tables, kv_lens.to(torch.int32), P),
+                                 per_query=True).reshape(B * T, Hkv, M)  # fmt: skip
         top = min(int(budgets.max()), M) if self.step_budget is None else min(self.step_budget, M)
-        pages, counts = select_pages(scores, lens, P, top, sp.sink_pages,
-                                     sp.window_pages, width=top, budgets=budgets)  # fmt: skip
+        rule = SelectRule(P, top, sp.sink_pages, sp.window_pages, width=top)
+        pages, counts = select_pages(scores, lens, rule, budgets,
+                                     self.methods.method_for(scores, lens, rule, budgets))  # fmt: skip
         if self.scorer is not None:  # (the next step follows the last query: all accepted)
             valid = torch.arange(top, device=dev)[None, None, :] < counts[..., None]
             self.scorer.selected(layer, pages.view(B, T, Hkv, top), valid.view(B, T, Hkv, top))

@@ -47,6 +47,7 @@ from engine.kv.selection import Selection
 from engine.kv.sparse_config import COUNTERS, C, SparseConfig, TierStats
 from kernels.kv_append import fold_summaries, tier_append
 from kernels.sparse_decode import sparse_decode_attention
+from kernels.views import PageList, RowPlaces, SlotTable
 
 
 class TieredKV:
@@ -77,6 +78,8 @@ class TieredKV:
             res.clock,
         )
         self.verify_overflow = self.selection.verify_overflow
+        # the top-k method per selection shape (its public chosen_methods(): benchmarks)
+        self.select_methods = self.selection.methods
         self.trials = self.policy.trials  # (engine.prefetch_state)
         # a verification's rows fold into the summaries only once accepted (fold_rows)
         self.defer_summaries = False
@@ -131,9 +134,10 @@ class TieredKV:
         (No wait for a pending prefetch: it never writes the slots, the page table or the
         summaries, and it leaves out the pages these rows go to.)"""
         fold, sel = not self.defer_summaries, self.selection
-        tier_append(k, v, self.residency.slots[layer], self.residency.slot_of[layer],
-                    sel.summ[layer], pages.to(self.device), offsets.to(self.device), sel.rows,
-                    fold, use_triton=None if (distinct or not fold) else False)  # fmt: skip
+        res = self.residency
+        tier_append(k, v, SlotTable(res.slots[layer], res.slot_of[layer]), sel.summ[layer],
+                    RowPlaces(pages.to(self.device), offsets.to(self.device)), sel.rows, fold,
+                    use_triton=None if (distinct or not fold) else False)  # fmt: skip
 
     def fold_rows(self, pages: list[int], offsets: list[int]) -> None:
         """Fold rows already in the host tier (a verification's accepted positions, in
@@ -193,10 +197,9 @@ class TieredKV:
         slots = pf.ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
         if predicted is not None and not sp.forecast_only:  # recall@k (after the prefetch's wait)
             pf.count_recall(layer, pages, valid, predicted, block_tables.shape[1])
-        out = sparse_decode_attention(
-            q.contiguous(), self.residency.slots[layer], slots.view(B, Hkv, width),
-            pages.to(torch.int32), counts, kv_lens.to(torch.int32), scale, qmask=qmask,
-        )  # fmt: skip
+        listed = PageList(slots.view(B, Hkv, width), pages.to(torch.int32), counts, qmask)
+        out = sparse_decode_attention(q.contiguous(), self.residency.slots[layer], listed,
+                                      kv_lens.to(torch.int32), scale)  # fmt: skip
         n_sel = counts.sum()
         acc = self._acc
         acc[C["selected"]] += n_sel

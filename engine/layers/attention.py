@@ -34,6 +34,7 @@ def gather_kv_from_host(
     V come out as [Hkv, length, D] views with no further copy. `head`: that KV head only
     ([1, length, D] each: at 500K tokens 0.24 GiB instead of 1.9 GiB for all 8 heads)."""
     from kernels.uva_gather import gather_pages
+    from kernels.views import GatherLaunch
 
     n_pages, hkv, _, p, d = kv.shape
     assert p % 2 == 0
@@ -50,7 +51,7 @@ def gather_kv_from_host(
     dst = ((c * nh + slot) * n + torch.arange(n, device=device)[None, :, None]).reshape(-1)
     out = torch.empty(2, nh, n, p, d, dtype=kv.dtype, device=device)
     gather_pages(kv.view(-1, 2, p // 2, d), out.view(-1, 2, p // 2, d), src.to(torch.int32),
-                 dst.to(torch.int32), max_programs=132, use_triton=use_triton)  # fmt: skip
+                 dst.to(torch.int32), GatherLaunch(132, use_triton=use_triton))  # fmt: skip
     kv_rows = out.view(2, nh, n * p, d)[:, :, :length]
     return kv_rows[0], kv_rows[1]
 
@@ -116,8 +117,9 @@ def paged_attention(
     """q: [T, Hq, D] (k, v: this step's rows, already stored in kv) -> [T, Hq, D]."""
     if ctx.decode_only and q.is_cuda and ctx.sliding_window is None:
         from kernels.paged_decode import paged_decode_attention
+        from kernels.views import PagedKV
 
-        return paged_decode_attention(q, kv, ctx.block_tables, ctx.kv_lens_t, scale)
+        return paged_decode_attention(q, PagedKV(kv, ctx.block_tables, ctx.kv_lens_t), scale)
     return _attention_per_sequence(q, k, v, kv, ctx, scale, layer)
 
 

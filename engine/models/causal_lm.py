@@ -17,6 +17,7 @@ from engine.layers.step_context import StepContext
 from kernels.rmsnorm import rmsnorm
 from kernels.rope_kv import apply_rope, rope_kv
 from kernels.silu_mul import silu_mul
+from kernels.views import RowPlaces
 
 
 def gelu_mul(gate_up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -107,7 +108,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         # rotate q and k, and append k and v to the paged cache
-        q, k = rope_kv(q, k, v, ctx.cos, ctx.sin, kv, ctx.slot_pages, ctx.slot_offsets)
+        q, k = rope_kv(q, k, v, ctx.cos, ctx.sin, kv, RowPlaces(ctx.slot_pages, ctx.slot_offsets))
         if ctx.tiers is not None:
             # a decode step (one row per sequence, each in its own last page) or not
             distinct = ctx.tier_tables is not None and ctx.tier_tables.shape[0] == T

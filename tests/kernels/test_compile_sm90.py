@@ -25,8 +25,9 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.page_score import (_recall_kernel, _select_hist_kernel, _select_probe_kernel,
-                                _split_count_kernel, _split_hist_kernel, _split_write_kernel)
+from kernels.page_recall import _recall_kernel
+from kernels.page_topk import _select_hist_kernel, _select_probe_kernel
+from kernels.page_topk_split import _split_count_kernel, _split_hist_kernel, _split_write_kernel
 from kernels.uva_gather import NOT_STAGED, _gather_kernel, _stage_kernel
 
 def build(fn, sig, consts, warps):
@@ -43,7 +44,7 @@ def build(fn, sig, consts, warps):
 out = {}
 select_sig = {"S": "*fp32", "LENS": "*i32", "BUDGETS": "*i32", "OUT": "*i32", "CNT": "*i32",
               "budget": "i32", "s_sb": "i32", "s_sh": "i32", "s_ob": "i32", "s_oh": "i32"}
-for bits, block, tail in ((1, 32768, 0), (2, 8192, 16), (4, 8192, 0), (1, 16384, 16384)):
+for bits, block, tail in ((2, 4096, 0), (2, 8192, 16), (2, 16384, 16384)):  # (probe2)
     consts = {"HKV": 8, "P": 16, "SINKS": 1, "WINDOW": 2, "WIDTH": 164, "WIDTH_P2": 256,
               "BLOCK": block, "TAIL": tail, "HAS_BUDGETS": True, "BITS": bits}
     out[f"probe{bits}/{block}+{tail}"] = build(_select_probe_kernel, select_sig, consts,

@@ -10,6 +10,7 @@ from kernels import HAS_TRITON, INTERPRET
 from kernels.rmsnorm import rmsnorm, rmsnorm_reference
 from kernels.rope_kv import rope_kv, rope_kv_reference
 from kernels.silu_mul import silu_mul, silu_mul_reference
+from kernels.views import RowPlaces
 
 pytestmark = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
@@ -71,8 +72,8 @@ def test_rope_kv(dtype, hq, hkv, d):
         torch.zeros(N, hkv, 2, P, d, dtype=dtype, device=DEVICE),
         torch.zeros(N, hkv, 2, P, d, dtype=dtype, device=DEVICE),
     )
-    q_out, k_out = rope_kv(q, k, v, cos, sin, kv, pages, offs, use_triton=True)
-    q_ref, k_ref = rope_kv_reference(q, k, v, cos, sin, kv_ref, pages, offs)
+    q_out, k_out = rope_kv(q, k, v, cos, sin, kv, RowPlaces(pages, offs), use_triton=True)
+    q_ref, k_ref = rope_kv_reference(q, k, v, cos, sin, kv_ref, RowPlaces(pages, offs))
     close(q_out, q_ref, dtype)
     close(k_out, k_ref, dtype)
     close(kv, kv_ref, dtype)

@@ -7,12 +7,23 @@ import torch
 
 from kernels import HAS_TRITON, INTERPRET
 from kernels.paged_decode import paged_decode_attention, paged_decode_reference
+from kernels.views import PagedKV
 
 pytestmark = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
 )
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def paged(q, kv, tables, lens, scale, **kw):
+    """paged_decode_attention of the raw tensors."""
+    return paged_decode_attention(q, PagedKV(kv, tables, lens), scale, **kw)
+
+
+def paged_ref(q, kv, tables, lens, scale):
+    """paged_decode_reference of the raw tensors."""
+    return paged_decode_reference(q, PagedKV(kv, tables, lens), scale)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -38,10 +49,8 @@ def test_matches_reference(group, head_dim, dtype, fused):
         used += n
     q = torch.randn(len(lens), Hkv * group, head_dim, generator=g).to(dtype)
     args = [t.to(DEVICE) for t in (q, kv, tables, lens)]
-    out = paged_decode_attention(
-        *args, head_dim**-0.5, num_splits=3, block_n=32, use_triton=True, fused=fused
-    )
-    ref = paged_decode_reference(*args, head_dim**-0.5)
+    out = paged(*args, head_dim**-0.5, num_splits=3, block_n=32, use_triton=True, fused=fused)
+    ref = paged_ref(*args, head_dim**-0.5)
     assert (out.float() - ref.float()).abs().max().item() < TOL[dtype]
 
 
@@ -51,7 +60,7 @@ def test_reference_matches_dense_sdpa():
     kv = torch.randn(4, Hkv, 2, P, D, generator=g)
     table = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
     q = torch.randn(1, Hkv * G, D, generator=g)
-    ref = paged_decode_reference(q, kv, table, torch.tensor([n], dtype=torch.int32), D**-0.5)
+    ref = paged_ref(q, kv, table, torch.tensor([n], dtype=torch.int32), D**-0.5)
     k = kv[table[0].long()][:, :, 0].transpose(0, 1).reshape(Hkv, -1, D)[:, :n]
     v = kv[table[0].long()][:, :, 1].transpose(0, 1).reshape(Hkv, -1, D)[:, :n]
     dense = torch.nn.functional.scaled_dot_product_attention(

@@ -10,12 +10,23 @@ import torch.nn.functional as F
 
 from kernels import HAS_TRITON, INTERPRET
 from kernels.sparse_decode import sparse_decode_attention, sparse_decode_reference
+from kernels.views import PageList
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 needs_triton = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
 )
+
+
+def sparse(q, kv, units, pages, counts, lens, scale, qmask=None, **kw):
+    """sparse_decode_attention of the raw tensors."""
+    return sparse_decode_attention(q, kv, PageList(units, pages, counts, qmask), lens, scale, **kw)
+
+
+def sparse_ref(q, kv, units, pages, counts, lens, scale, qmask=None):
+    """sparse_decode_reference of the raw tensors."""
+    return sparse_decode_reference(q, kv, PageList(units, pages, counts, qmask), lens, scale)
 
 
 def make_case(group, head_dim, T, dtype, seed, full=False, P=16, Hkv=2, lens=(5, 37, 100)):
@@ -57,8 +68,8 @@ def test_kernel_matches_reference(group, head_dim, T, dtype):
     case = make_case(group, head_dim, T, dtype, seed=group * 10 + head_dim + T)
     args = [t.to(DEVICE) for t in case[:6]]
     scale = head_dim**-0.5
-    out = sparse_decode_attention(*args, scale, num_splits=3, block_pages=2, use_triton=True)
-    ref = sparse_decode_reference(*args, scale)
+    out = sparse(*args, scale, num_splits=3, block_pages=2, use_triton=True)
+    ref = sparse_ref(*args, scale)
     assert out.shape == ref.shape
     assert (out.float() - ref.float()).abs().max().item() < TOL[dtype]
 
@@ -67,7 +78,7 @@ def test_kernel_matches_reference(group, head_dim, T, dtype):
 def test_reference_with_every_page_is_dense_causal_attention(T):
     group, D, P, Hkv = 3, 64, 16, 2
     q, kv, units, pages, counts, lens, unit_of = make_case(group, D, T, torch.float32, 7, full=True)
-    out = sparse_decode_reference(q, kv, units, pages, counts, lens, D**-0.5)
+    out = sparse_ref(q, kv, units, pages, counts, lens, D**-0.5)
     for b, n in enumerate(lens.tolist()):
         n_pages = -(-n // P)
         k = torch.stack(
@@ -89,9 +100,9 @@ def test_empty_splits_and_one_page_lists():
     # many splits for few pages: most splits see nothing and must weigh zero
     q, kv, units, pages, counts, lens, _ = make_case(4, 64, 1, torch.float32, 3, lens=(3, 16, 17))
     args = [t.to(DEVICE) for t in (q, kv, units, pages, counts, lens)]
-    out = sparse_decode_attention(*args, 0.125, num_splits=8, block_pages=1, use_triton=True)
+    out = sparse(*args, 0.125, num_splits=8, block_pages=1, use_triton=True)
     assert torch.isfinite(out).all()
-    assert (out - sparse_decode_reference(*args, 0.125)).abs().max().item() < 1e-4
+    assert (out - sparse_ref(*args, 0.125)).abs().max().item() < 1e-4
 
 
 def random_qmask(counts: torch.Tensor, M: int, T: int, seed: int) -> torch.Tensor:
@@ -112,11 +123,11 @@ def test_kernel_with_per_query_masks_matches_reference(group):
     q, kv, units, pages, counts, lens, _ = case
     qmask = random_qmask(counts, units.shape[-1], T, seed=group)
     args = [t.to(DEVICE) for t in (q, kv, units, pages, counts, lens)]
-    out = sparse_decode_attention(*args, 0.125, num_splits=2, block_pages=2, use_triton=True,
+    out = sparse(*args, 0.125, num_splits=2, block_pages=2, use_triton=True,
                                   qmask=qmask.to(DEVICE))  # fmt: skip
-    ref = sparse_decode_reference(*args, 0.125, qmask=qmask.to(DEVICE))
+    ref = sparse_ref(*args, 0.125, qmask=qmask.to(DEVICE))
     assert (out.float() - ref.float()).abs().max().item() < TOL[torch.float32]
-    assert (ref - sparse_decode_reference(*args, 0.125)).abs().max() > 1e-3  # the mask matters
+    assert (ref - sparse_ref(*args, 0.125)).abs().max() > 1e-3  # the mask matters
 
 
 def test_a_masked_union_gives_each_query_its_own_pages():
@@ -124,7 +135,7 @@ def test_a_masked_union_gives_each_query_its_own_pages():
     T, group, D = 3, 2, 64
     q, kv, units, pages, counts, lens, _ = make_case(group, D, T, torch.float32, seed=61)
     qmask = random_qmask(counts, units.shape[-1], T, seed=5)
-    out = sparse_decode_reference(q, kv, units, pages, counts, lens, D**-0.5, qmask=qmask)
+    out = sparse_ref(q, kv, units, pages, counts, lens, D**-0.5, qmask=qmask)
     B, Hkv, _ = units.shape
     for t in range(T):
         own_units, own_pages = torch.zeros_like(units), torch.zeros_like(pages)
@@ -141,7 +152,7 @@ def test_a_masked_union_gives_each_query_its_own_pages():
                 own_counts[b, h] = n
         # query t alone: the sequence ends at its own position
         lens_t = lens - (T - 1 - t)
-        alone = sparse_decode_reference(q[:, t : t + 1], kv, own_units, own_pages, own_counts,
+        alone = sparse_ref(q[:, t : t + 1], kv, own_units, own_pages, own_counts,
                                         lens_t, D**-0.5)  # fmt: skip
         torch.testing.assert_close(out[:, t : t + 1], alone, rtol=1e-5, atol=1e-5)
 
@@ -153,7 +164,7 @@ def test_rows_past_the_context_never_leak_in(use_triton):
     if use_triton and not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())):
         pytest.skip("needs triton")
     q, kv, units, pages, counts, lens, _ = make_case(2, 64, 2, torch.float32, seed=71)
-    clean = sparse_decode_reference(q, kv, units, pages, counts, lens, 0.125)
+    clean = sparse_ref(q, kv, units, pages, counts, lens, 0.125)
     P = kv.shape[2]
     for b, n in enumerate(lens.tolist()):
         last = (n - 1) // P
@@ -163,6 +174,6 @@ def test_rows_past_the_context_never_leak_in(use_triton):
                 if int(pages[b, h, e]) == last:
                     kv[int(units[b, h, e]), :, n % P or P :] = float("nan")
     args = [t.to(DEVICE) for t in (q, kv, units, pages, counts, lens)]
-    out = sparse_decode_attention(*args, 0.125, num_splits=2, block_pages=2, use_triton=use_triton)
+    out = sparse(*args, 0.125, num_splits=2, block_pages=2, use_triton=use_triton)
     assert not out.isnan().any()
     torch.testing.assert_close(out.cpu().float(), clean, rtol=1e-4, atol=1e-4)

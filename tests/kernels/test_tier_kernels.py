@@ -10,6 +10,16 @@ from kernels import HAS_TRITON, INTERPRET
 from kernels.kv_append import append_kv, append_kv_reference
 from kernels.page_score import empty_summaries
 from kernels.uva_gather import gather_copy_engine, gather_pages, gather_reference
+from kernels.views import (
+    Counters,
+    GatherLaunch,
+    PageTable,
+    Resident,
+    RowPlaces,
+    Selected,
+    SlotTable,
+    Stage,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -37,8 +47,7 @@ def test_gather_moves_exactly_the_listed_pages(dtype, path):
     expected = gpu.clone()
     gather_reference(host, expected, src, dst)
     if path == "kernel":
-        gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=2,
-                     use_triton=True)  # fmt: skip
+        gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), GatherLaunch(2, 2, True))
     else:
         gather_copy_engine(host, gpu, src, dst.to(DEVICE))
     torch.cuda.synchronize() if DEVICE == "cuda" else None
@@ -54,7 +63,7 @@ def test_gather_skips_entries_without_a_destination():
     dst = torch.tensor([1, -1, 0, -1], dtype=torch.int32)
     expected = gpu.clone()
     gather_reference(host, expected, src, dst)
-    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=3, use_triton=True)
+    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), GatherLaunch(3, use_triton=True))
     assert torch.equal(gpu.cpu(), expected.cpu())
     assert torch.equal(gpu[0].cpu(), host[22]) and gpu[2:].abs().sum() == 0
 
@@ -70,8 +79,7 @@ def test_gather_walks_only_the_counted_entries(live):
     expected = gpu.clone()
     gather_reference(host, expected, src[:live], dst[:live])
     count = torch.tensor([live], dtype=torch.long, device=DEVICE)
-    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=2,
-                 use_triton=True, count=count)  # fmt: skip
+    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), GatherLaunch(2, 2, True), count=count)
     assert torch.equal(gpu.cpu(), expected.cpu())
 
 
@@ -102,7 +110,7 @@ def test_append_matches_reference(with_gpu):
         host = host.pin_memory() if DEVICE == "cuda" else host  # the host tier, via UVA
         gpu = torch.zeros(6, 2, P, D, device=dev) if with_gpu else None
         summ = empty_summaries(U, D, dev)
-        append_kv(k, v, host, gpu, pages, offs, slots if with_gpu else None, summ,
+        append_kv(k, v, host, gpu, RowPlaces(pages, offs), slots if with_gpu else None, summ,
                   use_triton=use_triton)  # fmt: skip
         if DEVICE == "cuda":
             torch.cuda.synchronize()
@@ -132,7 +140,7 @@ def test_append_reference_on_cpu_without_triton():
     Hkv, D, P = 3, 64, 16
     k, v, pages, offs, _ = append_case(Hkv=Hkv, D=D, P=P)
     host, summ = torch.zeros(8 * Hkv, 2, P, D), empty_summaries(8 * Hkv, D)
-    append_kv_reference(k, v, host, None, pages, offs, None, summ)
+    append_kv_reference(k, v, host, None, RowPlaces(pages, offs), None, summ)
     assert torch.equal(host[7 * Hkv + 1, 0, 9], k[7, 1])
 
 
@@ -166,8 +174,10 @@ def test_tier_append_matches_reference(layout, fold):
     want = [t.clone() for t in (slots, summ)]
     args = [t.to(DEVICE) for t in (k, v)]
     idx = [t.to(DEVICE) for t in (slot_of, pages, offs)]
-    tier_append(*args, got[0], idx[0], got[1], idx[1], idx[2], rows, fold, use_triton=True)
-    tier_append(k, v, want[0], slot_of, want[1], pages, offs, rows, fold, use_triton=False)
+    tier_append(*args, SlotTable(got[0], idx[0]), got[1], RowPlaces(idx[1], idx[2]), rows, fold,
+                use_triton=True)  # fmt: skip
+    tier_append(k, v, SlotTable(want[0], slot_of), want[1], RowPlaces(pages, offs), rows, fold,
+                use_triton=False)  # fmt: skip
     # (the reference writes rows without a slot to the scratch slot, and the other rows'
     # summary resets to the scratch unit; the kernel skips both)
     assert torch.equal(got[0][:S].cpu(), want[0][:S])
@@ -196,9 +206,9 @@ def test_gather_rounds_of_several_units_with_a_stage(rows):
     stage_of = torch.full((U,), NOT_STAGED, dtype=torch.int32)
     stage_of[src[[0, 3, 7, 8]].long()] = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
     expected = gpu.cpu()
-    gather_reference(host, expected, src, dst, stage, stage_of)
-    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), max_programs=2, rows=rows,
-                 use_triton=True, stage=stage.to(DEVICE), stage_of=stage_of.to(DEVICE))  # fmt: skip
+    gather_reference(host, expected, src, dst, Stage(stage, stage_of))
+    gather_pages(host, gpu, src.to(DEVICE), dst.to(DEVICE), GatherLaunch(2, rows, True),
+                 Stage(stage.to(DEVICE), stage_of.to(DEVICE)))  # fmt: skip
     assert torch.equal(gpu.cpu(), expected.cpu())
     assert torch.equal(gpu[dst[0]].cpu(), stage[4]) and torch.equal(gpu[dst[1]].cpu(), host[src[1]])
 
@@ -231,12 +241,14 @@ def test_stage_kernel_matches_reference():
         stage = torch.zeros(B * Hkv * W + 1, 2, P, D)
         stage_of = torch.full((U + 1,), NOT_STAGED, dtype=torch.int32)
         acc = torch.zeros(4, dtype=torch.long)
-        args = [host, stage.to(DEVICE), stage_of.to(DEVICE), pages.to(DEVICE), counts.to(DEVICE),
-                tables.to(DEVICE), lens.to(DEVICE), slot_of.to(DEVICE), 1, U, acc.to(DEVICE),
-                (0, 1, 3)]  # fmt: skip
-        kw = {"use_triton": True, "max_programs": 2} if name == "kernel" else {}
+        st = Stage(stage.to(DEVICE), stage_of.to(DEVICE))
+        counters = Counters(acc.to(DEVICE), (0, 1, 3))
+        args = [host, st, Selected(pages.to(DEVICE), counts.to(DEVICE)),
+                PageTable(tables.to(DEVICE), lens.to(DEVICE), P), Resident(slot_of.to(DEVICE), U),
+                1, counters]  # fmt: skip
+        kw = {"launch": GatherLaunch(2, use_triton=True)} if name == "kernel" else {}
         at, ids = fn(*args, **kw)
-        stage, stage_of, acc = args[1].cpu(), args[2].cpu(), args[10].cpu()
+        stage, stage_of, acc = st.rows.cpu(), st.row_of.cpu(), counters.acc.cpu()
         staged = (stage_of != NOT_STAGED).nonzero().flatten()
         for unit in staged.tolist():
             assert torch.equal(stage[stage_of[unit]], host[unit]), (name, unit)
