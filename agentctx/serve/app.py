@@ -18,6 +18,7 @@ from starlette.routing import Route
 from agentctx.serve.completions import Completions
 from agentctx.serve.openai_schema import ApiError
 from agentctx.serve.runner import EngineRunner
+from agentctx.serve.tokenize import tokenize
 
 MAX_BODY_BYTES = 8 << 20  # a whole window of text is well under 1 MiB
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -82,6 +83,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     async def text(request: Request):
         return await completions.text(await read_json(request, max_body))
 
+    async def count(request: Request):
+        return JSONResponse(tokenize(engine, await read_json(request, max_body)))
+
     async def models(request: Request):
         window = engine.max_model_len
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "agentctx",
@@ -108,6 +112,7 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         Route("/v1/completions", text, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/tokenize", count, methods=["POST"]),
     ]
     middleware = [Middleware(BearerAuth, key=api_key)] if api_key else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,

@@ -171,7 +171,10 @@ def sampling_params(body: dict, window: int) -> SamplingParams:
     seed = _typed(body, "seed", int, None)
     return SamplingParams(max_tokens=max_tokens, stop=stop, seed=seed,
                           temperature=_number(body, "temperature", 1.0, 0, 2),
-                          top_p=_number(body, "top_p", 1.0, 0, 1, low_open=True))  # fmt: skip
+                          top_p=_number(body, "top_p", 1.0, 0, 1, low_open=True),
+                          # vLLM's and SGLang's extra field: agentctx ask --backend sends it
+                          repetition_penalty=_number(body, "repetition_penalty", 1.0, 0, 2,
+                                                     low_open=True))  # fmt: skip
 
 
 def _number(body: dict, key: str, default: float, low: float, high: float,
