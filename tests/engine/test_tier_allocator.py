@@ -171,3 +171,25 @@ def test_the_allocator_implementation_is_a_checked_config_field():
     assert EngineConfig(tier_alloc="torch").tier_alloc == "torch"
     with pytest.raises(ValueError, match="tier_alloc must be triton or torch"):
         EngineConfig(tier_alloc="cuda")
+
+
+def test_the_gather_programs_are_a_checked_config_field_that_reaches_the_fetch():
+    """EngineConfig.gather_programs (no environment variable): 16 by default, refused below
+    1 when the config is built; the slot allocator hands it to each layer's fetch."""
+    import pytest
+
+    from engine.config import EngineConfig
+    from engine.kv.residency import Residency, SlotAllocator
+
+    assert (
+        EngineConfig().gather_programs == 16
+        and EngineConfig(gather_programs=4).gather_programs == 4
+    )
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="gather_programs must be"):
+            EngineConfig(gather_programs=bad)
+    host = torch.zeros(2, 5, 3, 2, 16, 8)
+    acc = torch.zeros(32, dtype=torch.long)
+    res = Residency(host, 4, torch.device("cpu"), acc, SlotAllocator(gather_programs=3))
+    assert res.layer(1).gather_programs == 3
+    assert Residency(host, 4, torch.device("cpu"), acc).layer(0).gather_programs == 16
