@@ -49,7 +49,6 @@ def hbm_bandwidth() -> float:
 
 def check_kernel(rows: list[dict], device: str) -> None:
     from kernels.paged_decode import paged_decode_attention, paged_decode_reference
-    from kernels.views import PagedKV
 
     torch.manual_seed(0)
     shapes = ((1, 4096), (4, 32768), (8, 4099)) if device == "cuda" else ((2, 100),)
@@ -63,9 +62,8 @@ def check_kernel(rows: list[dict], device: str) -> None:
         )
         lens = torch.tensor([ctx - 7 * i for i in range(batch)], device=device, dtype=torch.int32)
         q = torch.randn(batch, Hq, D, device=device, dtype=dtype)
-        cache = PagedKV(kv, tables, lens)
-        out = paged_decode_attention(q, cache, D**-0.5)
-        ref = paged_decode_reference(q, cache, D**-0.5)
+        out = paged_decode_attention(q, kv, tables, lens, D**-0.5)
+        ref = paged_decode_reference(q, kv, tables, lens, D**-0.5)
         err = (out.float() - ref.float()).abs().max().item()
         rows.append(
             {
@@ -81,7 +79,6 @@ def time_kernel_in_graph(device: str) -> dict:
     tokens), captured in a CUDA graph as the engine runs it: split merge fused into the
     attention kernel, or as a second kernel."""
     from kernels.paged_decode import paged_decode_attention
-    from kernels.views import PagedKV
 
     P, Hkv, Hq, D, ctx = 16, 8, 32, 128, 4096
     pages = ctx // P
@@ -91,14 +88,12 @@ def time_kernel_in_graph(device: str) -> dict:
     table = torch.randperm(pages, device=device).int()[None]
     lens = torch.tensor([ctx], device=device, dtype=torch.int32)
     q = torch.randn(1, Hq, D, device=device, dtype=torch.bfloat16)
-    counters = torch.zeros(4096, dtype=torch.int32, device=device)  # the fused merge's (zeros)
     out = {}
     for fused in (True, False):
 
         def step(fused=fused):
             for kv in kvs:
-                paged_decode_attention(q, PagedKV(kv, table, lens), D**-0.5, fused=fused,
-                                       counters=counters)  # fmt: skip
+                paged_decode_attention(q, kv, table, lens, D**-0.5, fused=fused)
 
         step()
         torch.cuda.synchronize()
@@ -162,7 +157,7 @@ def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     )
     rows.append({"check": "batched (4) == alone", "ok": together == alone})
     rows.append(
-        {"check": "CUDA graphs in use", "ok": bool(engine.runner.graphs) or device != "cuda"}
+        {"check": "CUDA graphs in use", "ok": bool(decode_graphs(engine)) or device != "cuda"}
     )
     ahead = engine.steps_launched_ahead
     rows.append(
@@ -180,17 +175,23 @@ def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     )
 
 
+def decode_graphs(engine) -> dict:
+    """The decode graphs the engine captured, by key (none without CUDA graphs)."""
+    graphs = engine.runner.decode_graphs
+    return graphs.graphs if graphs is not None else {}
+
+
 def profile_decode(engine) -> None:
     """Per-kernel GPU time of one decode forward, run eagerly (launch gaps aside, the same kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     runner = engine.runner
     for _ in range(3):
-        runner._decode_forward(1)
+        runner.decode_graphs.forward(1)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
-            runner._decode_forward(1)
+            runner.decode_graphs.forward(1)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
 
@@ -221,9 +222,9 @@ def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
         runs.append(engine.generate([prompt], params)[0].stats)
     best = min(runs, key=lambda s: s.total_s - s.ttft_s)
     replay_ms = None
-    if device == "cuda" and engine.runner.graphs:
+    if device == "cuda" and decode_graphs(engine):
         # GPU time of one decode forward alone: the gap to the step time is host work
-        graph = engine.runner.graphs[1]
+        graph = decode_graphs(engine)[1]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         graph.replay()
         start.record()
@@ -251,7 +252,7 @@ def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
         "all_runs_decode_ms": [1e3 / s.decode_tok_s for s in runs],
         "graph_replay_ms": replay_ms,
         "params": engine.model_config.num_params,
-        "graphs": sorted(engine.runner.graphs),
+        "graphs": sorted(decode_graphs(engine)),
     }
     del engine
     gc.collect()

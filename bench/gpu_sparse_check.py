@@ -96,7 +96,7 @@ def graphs_check(load, prompts, params, budget_bytes, expected) -> None:
         dt = time.perf_counter() - t
         st = graphed.runner.tiers.stats
         same = a == b if keep is None else len(b) == len(a)
-        print(f"[{'ok' if same else 'FAIL'}] {name}: CUDA graphs ({len(graphed.runner.graphs)} "
+        print(f"[{'ok' if same else 'FAIL'}] {name}: CUDA graphs ({len(graphed.runner.decode_graphs.graphs)} "
               f"captured) {'==' if a == b else '!='} eager; {dt:.2f} s; fetch "
               f"{st.fetch_fraction:.1%}, evicted {st.evicted}, locality {st.locality:.1%}, "
               f"steps {st.steps}")  # fmt: skip
@@ -126,7 +126,7 @@ def prefetch_checks(load, prompts, params, budget_bytes, expected) -> None:
     got = [c.token_ids for c in graphed.generate(prompts, params)]
     tiers = graphed.runner.tiers
     st = tiers.stats
-    keys = sorted({k[2] for k in graphed.runner.graphs if isinstance(k, tuple)})
+    keys = sorted({k[2] for k in graphed.runner.decode_graphs.graphs if isinstance(k, tuple)})
     ok = got == expected and st.prefetched > 0 and keys == [False, True]
     print(f"[{'ok' if ok else 'FAIL'}] auto prefetch policy in CUDA graphs == no prefetch; "
           f"graphs prefetching {keys}, need {tiers.need_mib:.3f} MiB per layer-step, "
@@ -138,7 +138,7 @@ def prefetch_checks(load, prompts, params, budget_bytes, expected) -> None:
     graphed = load(sparse, graphs=True)
     got = [c.token_ids for c in graphed.generate(prompts, params)]
     tiers = graphed.runner.tiers
-    keys = sorted({k[2] for k in graphed.runner.graphs if isinstance(k, tuple)})
+    keys = sorted({k[2] for k in graphed.runner.decode_graphs.graphs if isinstance(k, tuple)})
     dec = tiers.trials.decisions
     ok = got == expected and keys == [False, True] and len(dec) >= 1
     print(f"[{'ok' if ok else 'FAIL'}] timed prefetch policy in CUDA graphs == no prefetch; "

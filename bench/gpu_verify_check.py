@@ -77,7 +77,7 @@ def main() -> None:
         times = {}
         logits = {}
         for mode in (False, True):
-            runner.verify_graphs = mode
+            runner.verify_graphs.enabled = mode
             logits[mode] = runner.verify(out).float().clone()  # (captures the graph)
             sync()
             t = time.perf_counter()
@@ -108,8 +108,8 @@ def main() -> None:
 
     got = {}
     for mode in (False, True):
-        runner.verify_graphs = mode
-        runner.verify_replays = runner.verify_fallbacks = 0
+        runner.verify_graphs.enabled = mode
+        runner.verify_graphs.replays = runner.verify_graphs.fallbacks = 0
         cfg = SpecConfig("lookup", max_k=8, start_k=4, adaptive=False)
         engine.spec = SpecDecoder(engine, cfg, Corrupted())
         engine.block_manager.reset_prefix_cache()
@@ -117,7 +117,8 @@ def main() -> None:
         got[mode] = [c.token_ids for c in engine.generate(prompts, params)]
         dt = time.perf_counter() - t
         print(f"    speculation, verification {'in graphs' if mode else 'eager'}: {dt:.2f} s, "
-              f"{runner.verify_replays} graph replays, {runner.verify_fallbacks} fallbacks; "
+              f"{runner.verify_graphs.replays} graph replays, "
+              f"{runner.verify_graphs.fallbacks} fallbacks; "
               f"tokens == plain decoding {sum(a == b for a, b in zip(got[mode], truth, strict=True))}/3")  # fmt: skip
     print(f"[{'ok' if got[True] == got[False] else 'FAIL'}] speculative tokens, graphs == eager "
           f"({sum(a == b for a, b in zip(got[True], got[False], strict=True))}/3)")  # fmt: skip

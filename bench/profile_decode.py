@@ -166,10 +166,10 @@ def main() -> None:
         use_scorer(engine, synthetic)  # (and the graphs captured again)
         timed_decode(engine, prompts, 4)  # prefill (first time) and graph capture
         graph = timed_decode(engine, prompts, args.new_tokens)
-        graphs, runner.use_graphs = runner.use_graphs, False
+        graphs, runner.decode_graphs.enabled = runner.decode_graphs.enabled, False
         eager = timed_decode(engine, prompts, 8)
         table_eager, k_eager, gpu_eager, _ = profile(engine, prompts, 4)
-        runner.use_graphs = graphs
+        runner.decode_graphs.enabled = graphs
         trace = f"{args.trace}.{prefetch}.json" if args.trace else None
         table_graph, k_graph, gpu_graph, tl = profile(engine, prompts, 4, trace)
         row = {"prefetch": prefetch, "variant": args.variant, "context": n,

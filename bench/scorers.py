@@ -29,7 +29,9 @@ def use_scorer(engine, scorer: PageScorer | None) -> None:
     runner.tiers.selection.scorer = scorer
     runner.reset_graphs()
     if scorer is not None and not scorer.graphable:
-        runner.use_graphs = runner.verify_graphs = False
+        for graphs in (runner.decode_graphs, runner.verify_graphs):
+            if graphs is not None:
+                graphs.enabled = False
 
 
 class SyntheticScorer(PageScorer):

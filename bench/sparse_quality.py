@@ -91,14 +91,18 @@ class Runner:
         self.engine.block_manager.free(self.seq)
 
     def forward(self, ids: list[int], start: int) -> torch.Tensor:
+        from engine.runtime.step_inputs import StepInputs
+
         P, bt = self.P, self.seq.block_table
         end = start + len(ids)
+        batch = StepInputs(
+            query_lens=[len(ids)], kv_lens=[end], ids=list(ids), positions=list(range(start, end)),
+            pages=[bt[p // P] for p in range(start, end)],
+            offsets=[p % P for p in range(start, end)], rope_lens=[end] * len(ids),
+            page_lists=[bt[: -(-end // P)]],
+        )  # fmt: skip
         with torch.inference_mode():
-            hidden = self.runner.eager_hidden(
-                ids, list(range(start, end)), [bt[p // P] for p in range(start, end)],
-                [p % P for p in range(start, end)], [end] * len(ids), [len(ids)], [end],
-                [bt[: -(-end // P)]],
-            )  # fmt: skip
+            hidden = self.runner.eager_hidden(batch)
             return self.engine.model.compute_logits(hidden[-1:])[0].float()
 
     def prefill(self, n: int, chunk: int = 512) -> torch.Tensor:

@@ -131,16 +131,22 @@ def main() -> None:
     ap.add_argument("--trace", metavar="DIR",
                     help="write each row's kernels in GPU order (and the decode graph's) to "
                     "DIR/trace_b{batch}_k{k}_c{chunks}.json")  # fmt: skip
-    ap.add_argument("--select-method", choices=["probe2", "hist", "split", "torch"],
+    ap.add_argument("--select-method", choices=["probe1", "probe2", "probe4", "hist", "split",
+                                                 "bisect", "torch"],
                     help="every top-k selection by this method (default: the engine's pick "
                     "per shape, timed at its first call)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
+    from kernels import page_score
+
+    if args.select_method:
+        page_score._fastest_method = lambda *a, **kw: args.select_method
     from agentctx.kv_snapshots import parse_size
     from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
-    from engine import Engine, SamplingParams, verify_graphs
+    from engine import Engine, SamplingParams
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
+    from engine.runtime import verify_graphs
     from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 
     n, bmax = args.context, max(args.batches)
@@ -162,8 +168,9 @@ def main() -> None:
                                        recall=1.0 if args.prefetch == "oracle" else 0.92))  # fmt: skip
     prompt = prompts_for(n, 1, engine.model_config.vocab_size)[0]
     runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
-    tiers.select_methods.only = args.select_method  # (None: the engine's pick per shape)
-    runner.verify_graphs = args.graphs and runner.use_graphs
+    decode_graphs, vgraphs = runner.decode_graphs, runner.verify_graphs
+    if vgraphs is not None:
+        vgraphs.enabled = args.graphs
     rng = random.Random(0)
     rows = []
     for batch in args.batches:
@@ -176,11 +183,11 @@ def main() -> None:
         steps, spans = 8, []
         for _ in range(steps):
             engine.step()
-            spans.append(runner.last_step_gpu_ms)
+            spans.append(decode_graphs.last_step_gpu_ms if decode_graphs else 0.0)
         sync()
         graph_ms = (time.perf_counter() - t0) * 1000 / steps
         # the decode graph's GPU span per step (events around its replay), median
-        graph_span = sorted(spans)[len(spans) // 2] if runner.use_graphs else None
+        graph_span = sorted(spans)[len(spans) // 2] if decode_graphs else None
         if args.trace:
             kernel_trace(engine.step, 2, f"{args.trace}/trace_b{batch}_decode.json")
         seqs = [r.seq for r in reqs]
@@ -188,11 +195,9 @@ def main() -> None:
         modes = [(True, c) for c in args.chunks] if args.graphs else [(True, 1), (False, 1)]
         for shared, chunks in modes:
             tiers.sparse.verify_shared_fetch = shared
-            if args.graphs:  # (captured again in `chunks` graphs)
+            if args.graphs and vgraphs is not None:  # (captured again in `chunks` graphs)
                 verify_graphs.VERIFY_CHUNKS = chunks
-                for d in (runner.vgraphs, runner.vgraph_logits, runner.vgraph_tally):
-                    d.clear()
-                runner.vgraph_off.clear()
+                vgraphs.reset()
             for k in args.ks:
                 for s in seqs:
                     assert bm.ensure_capacity(s, len(s) + k)
@@ -204,11 +209,11 @@ def main() -> None:
 
                 def step(out=out, vspans=vspans, launches=launches):
                     tiers.end_step(max(len(s) + (k + 1) - 1 for s in seqs))
-                    replays = runner.verify_replays
+                    replays = vgraphs.replays if vgraphs else 0
                     runner.verify(out)
-                    if runner.verify_replays > replays:  # (a graph ran: its GPU span)
-                        vspans.append(runner.last_verify_gpu_ms)
-                        launches.append(runner.last_verify_launch_ms)
+                    if vgraphs and vgraphs.replays > replays:  # (a graph ran: its GPU span)
+                        vspans.append(vgraphs.last_gpu_ms)
+                        launches.append(vgraphs.last_launch_ms)
 
                 step()
                 step()  # warm-up: compile
@@ -231,8 +236,9 @@ def main() -> None:
                        # host time of the verification graphs' replay calls, median
                        "verify_launch_ms": launch,
                        "prefetch": args.prefetch,
-                       "graphs": runner.verify_graphs, "graph_replays": runner.verify_replays,
-                       "graph_fallbacks": runner.verify_fallbacks,
+                       "graphs": bool(vgraphs and vgraphs.enabled),
+                       "graph_replays": vgraphs.replays if vgraphs else 0,
+                       "graph_fallbacks": vgraphs.fallbacks if vgraphs else 0,
                        "wall_ms": wall, "gpu_kernel_ms": gpu, "graph_decode_ms": graph_ms,
                        # GPU spans (events: kernels and the gaps between them), median
                        "verify_span_ms": span, "decode_graph_span_ms": graph_span,
@@ -258,9 +264,8 @@ def main() -> None:
         span, dspan = r["verify_span_ms"], r["decode_graph_span_ms"]
         print(f"  {span:7.2f}  {span / dspan:13.2f}" if span and dspan else "")
     # the select method per shape (rows, pages, budget, width) and what each took (ms, 5 calls)
-    times_of = tiers.select_methods.method_times()
-    for key, m in tiers.select_methods.chosen_methods().items():
-        times = times_of.get(key, {})
+    for key, m in page_score._METHODS.items():
+        times = page_score._METHOD_TIMES.get(key, {})
         took = " ".join(f"{name} {t:.3f}" for name, t in sorted(times.items(), key=lambda x: x[1]))
         print(f"select {key}: {m} ({took})")
     if args.json:

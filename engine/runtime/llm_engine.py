@@ -61,7 +61,7 @@ class Engine(EngineLoop):
             raise EngineError(f"unknown weights mode {weights!r}; use auto, dense or int4")
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
-        source = resolve_source(model, config.cache_dir if config is not None else None)
+        source = resolve_source(model)
         cfg = read_config(source)
         net = build_model(cfg, dev, dt)
         if source.kind == "dummy":
@@ -153,13 +153,8 @@ def prompt_logits(engine: Engine, token_ids: list[int]) -> torch.Tensor:
             bm.prefix.enabled = caching
         try:
             out = SchedulerOutput([ScheduledSeq(seq, len(seq), True)], [])
-            ids, positions, pages, offsets, rope_lens, _, qlens, kvlens, plists = runner.prepare(
-                out
-            )
             with torch.inference_mode():
-                hidden = runner.eager_hidden(
-                    ids, positions, pages, offsets, rope_lens, qlens, kvlens, plists
-                )
+                hidden = runner.eager_hidden(runner.prepare(out))
                 return engine.model.compute_logits(hidden).float()
         finally:
             bm.free(seq)

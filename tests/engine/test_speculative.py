@@ -277,7 +277,8 @@ def test_verify_staging_matches_the_list_tables():
     sequences, tables up to the graph's `size`) read and write the scratch page only."""
     import numpy as np
 
-    from engine.runtime.verify_graphs import fill_verify_staging, verify_layout
+    from engine.runtime.step_inputs import StepInputs
+    from engine.runtime.verify_graphs import StagingShape, fill_verify_staging, verify_layout
 
     n, T, max_pages, size, scratch, P = 4, 3, 10, 2, 99, 16
     lay = verify_layout(n, T, max_pages)
@@ -285,8 +286,9 @@ def test_verify_staging_matches_the_list_tables():
     ids, positions = [5, 6, 7], [20, 21, 22]
     pages, offsets = [1, 1, 2], [4, 5, 0]
     kv_lens, page_lists = [23], [[1, 2]]
-    used = fill_verify_staging(st, n, T, max_pages, size, scratch, P, ids, positions, pages,
-                               offsets, kv_lens, page_lists)  # fmt: skip
+    batch = StepInputs(ids=ids, positions=positions, pages=pages, offsets=offsets,
+                       kv_lens=kv_lens, page_lists=page_lists)  # fmt: skip
+    used = fill_verify_staging(st, StagingShape(n, T, max_pages, scratch, P), size, batch)
     assert used == lay["tables"][0] + size * max_pages
     pad_pos = [t for _ in range(n - 1) for t in range(T)]
     want = {"ids": ids + [0] * 9, "positions": positions + pad_pos,
@@ -331,7 +333,8 @@ def test_verify_staging_rewrites_only_what_may_have_changed():
 
     import numpy as np
 
-    from engine.runtime.verify_graphs import fill_verify_staging, verify_layout
+    from engine.runtime.step_inputs import StepInputs
+    from engine.runtime.verify_graphs import StagingShape, fill_verify_staging, verify_layout
 
     rng = random.Random(0)
     n, T, max_pages, scratch, P = 4, 2, 40, 999, 4
@@ -358,13 +361,16 @@ def test_verify_staging_rewrites_only_what_may_have_changed():
                     s["table"].extend(next(next_page) for _ in range(want - len(s["table"])))
             s["table"][:] = s["table"][:max_pages]
         lists = [s["table"][:] for s in seqs[:bs]]
-        args = ([0] * bs * T, [0] * bs * T, [0] * bs * T, [0] * bs * T, [P] * bs, lists)
+        zeros = [0] * bs * T
+        args = dict(ids=zeros, positions=zeros, pages=zeros, offsets=zeros, kv_lens=[P] * bs,
+                    page_lists=lists)  # fmt: skip
         kept += sum(h is not None and h[1] > 0 for h in held)
-        fill_verify_staging(st, n, T, max_pages, size, scratch, P, *args, held,
-                            [s["table"] for s in seqs[:bs]],
-                            [-(-s["computed"] // P) for s in seqs[:bs]])  # fmt: skip
+        shape = StagingShape(n, T, max_pages, scratch, P)
+        batch = StepInputs(**args, block_tables=[s["table"] for s in seqs[:bs]],
+                           stable_pages=[-(-s["computed"] // P) for s in seqs[:bs]])  # fmt: skip
+        fill_verify_staging(st, shape, size, batch, held)
         fresh = np.full_like(st, -1)
-        fill_verify_staging(fresh, n, T, max_pages, size, scratch, P, *args)
+        fill_verify_staging(fresh, shape, size, StepInputs(**args))
         end = lay["tables"][0] + size * max_pages
         assert (st[:end] == fresh[:end]).all()
     assert kept > 300  # (rows did keep entries from an earlier call)
