@@ -117,7 +117,8 @@ def prompts_for(n: int, batch: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(100, vocab) for _ in range(n)] for _ in range(batch)]
 
 
-def run_ours(args, mode: str) -> list[dict]:
+def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
+    """`picked`: gets the top-k method the engine timed and picked per selection shape."""
     from agentctx.kv_snapshots import parse_size
     from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
     from engine import Engine
@@ -196,6 +197,8 @@ def run_ours(args, mode: str) -> list[dict]:
                        trials=list(tiers.trials.decisions))  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if picked is not None and engine.runner.tiers is not None:
+        picked.update(engine.runner.tiers.select_methods.chosen_methods())
     del engine
     if capped:
         torch.cuda.set_per_process_memory_fraction(1.0)
@@ -325,12 +328,12 @@ def main() -> None:
                     "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows = []
+    rows, methods = [], {}
     if args.hf:
         rows += transformers_in_child(args)
     if args.dense:
         rows += run_ours(args, "dense")
-    rows += run_ours(args, "sparse")
+    rows += run_ours(args, "sparse", methods)
     print(f"\ncontext {args.context}, batch {args.batch}, budget {args.budget:.1%}, "
           f"GPU KV tier {args.gpu_kv_budget}, cap {args.gpu_budget} (sparse only)"
           + (", prefill attention skipped" if args.skip_prefill_attention else ""))  # fmt: skip
@@ -353,10 +356,8 @@ def main() -> None:
         print(f"{r['mode']:>30} {r['variant']:>14}{pf}  prefill {r['prefill_s']:7.2f} s  decode "
               f"{r['decode_tok_s']:8.2f} tok/s{med}{mem}{extra}")  # fmt: skip
     # the top-k method the engine timed and picked per selection shape (rows, pages,
-    # budget, width): kernels.page_score._fastest_method
-    from kernels.page_score import _METHODS
-
-    picked = {str(k): m for k, m in _METHODS.items()}
+    # budget, width): engine.kv.select_methods
+    picked = {str(k): m for k, m in methods.items()}
     print(f"select methods picked: {picked}")
     if args.json:
         with open(args.json, "w") as f:

@@ -49,6 +49,7 @@ def hbm_bandwidth() -> float:
 
 def check_kernel(rows: list[dict], device: str) -> None:
     from kernels.paged_decode import paged_decode_attention, paged_decode_reference
+    from kernels.views import PagedKV
 
     torch.manual_seed(0)
     shapes = ((1, 4096), (4, 32768), (8, 4099)) if device == "cuda" else ((2, 100),)
@@ -62,8 +63,9 @@ def check_kernel(rows: list[dict], device: str) -> None:
         )
         lens = torch.tensor([ctx - 7 * i for i in range(batch)], device=device, dtype=torch.int32)
         q = torch.randn(batch, Hq, D, device=device, dtype=dtype)
-        out = paged_decode_attention(q, kv, tables, lens, D**-0.5)
-        ref = paged_decode_reference(q, kv, tables, lens, D**-0.5)
+        cache = PagedKV(kv, tables, lens)
+        out = paged_decode_attention(q, cache, D**-0.5)
+        ref = paged_decode_reference(q, cache, D**-0.5)
         err = (out.float() - ref.float()).abs().max().item()
         rows.append(
             {
@@ -79,6 +81,7 @@ def time_kernel_in_graph(device: str) -> dict:
     tokens), captured in a CUDA graph as the engine runs it: split merge fused into the
     attention kernel, or as a second kernel."""
     from kernels.paged_decode import paged_decode_attention
+    from kernels.views import PagedKV
 
     P, Hkv, Hq, D, ctx = 16, 8, 32, 128, 4096
     pages = ctx // P
@@ -88,12 +91,14 @@ def time_kernel_in_graph(device: str) -> dict:
     table = torch.randperm(pages, device=device).int()[None]
     lens = torch.tensor([ctx], device=device, dtype=torch.int32)
     q = torch.randn(1, Hq, D, device=device, dtype=torch.bfloat16)
+    counters = torch.zeros(4096, dtype=torch.int32, device=device)  # the fused merge's (zeros)
     out = {}
     for fused in (True, False):
 
         def step(fused=fused):
             for kv in kvs:
-                paged_decode_attention(q, kv, table, lens, D**-0.5, fused=fused)
+                paged_decode_attention(q, PagedKV(kv, table, lens), D**-0.5, fused=fused,
+                                       counters=counters)  # fmt: skip
 
         step()
         torch.cuda.synchronize()

@@ -131,16 +131,11 @@ def main() -> None:
     ap.add_argument("--trace", metavar="DIR",
                     help="write each row's kernels in GPU order (and the decode graph's) to "
                     "DIR/trace_b{batch}_k{k}_c{chunks}.json")  # fmt: skip
-    ap.add_argument("--select-method", choices=["probe1", "probe2", "probe4", "hist", "split",
-                                                 "bisect", "torch"],
+    ap.add_argument("--select-method", choices=["probe2", "hist", "split", "torch"],
                     help="every top-k selection by this method (default: the engine's pick "
                     "per shape, timed at its first call)")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
-    from kernels import page_score
-
-    if args.select_method:
-        page_score._fastest_method = lambda *a, **kw: args.select_method
     from agentctx.kv_snapshots import parse_size
     from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
     from engine import Engine, SamplingParams
@@ -168,6 +163,7 @@ def main() -> None:
                                        recall=1.0 if args.prefetch == "oracle" else 0.92))  # fmt: skip
     prompt = prompts_for(n, 1, engine.model_config.vocab_size)[0]
     runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
+    tiers.select_methods.only = args.select_method  # (None: the engine's pick per shape)
     decode_graphs, vgraphs = runner.decode_graphs, runner.verify_graphs
     if vgraphs is not None:
         vgraphs.enabled = args.graphs
@@ -264,8 +260,9 @@ def main() -> None:
         span, dspan = r["verify_span_ms"], r["decode_graph_span_ms"]
         print(f"  {span:7.2f}  {span / dspan:13.2f}" if span and dspan else "")
     # the select method per shape (rows, pages, budget, width) and what each took (ms, 5 calls)
-    for key, m in page_score._METHODS.items():
-        times = page_score._METHOD_TIMES.get(key, {})
+    times_of = tiers.select_methods.method_times()
+    for key, m in tiers.select_methods.chosen_methods().items():
+        times = times_of.get(key, {})
         took = " ".join(f"{name} {t:.3f}" for name, t in sorted(times.items(), key=lambda x: x[1]))
         print(f"select {key}: {m} ({took})")
     if args.json:

@@ -61,7 +61,7 @@ class Engine(EngineLoop):
             raise EngineError(f"unknown weights mode {weights!r}; use auto, dense or int4")
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
-        source = resolve_source(model)
+        source = resolve_source(model, config.cache_dir if config is not None else None)
         cfg = read_config(source)
         net = build_model(cfg, dev, dt)
         if source.kind == "dummy":

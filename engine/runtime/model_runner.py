@@ -54,7 +54,8 @@ class ModelRunner:
             from engine.kv import TieredKV
             from engine.kv.residency import SlotAllocator
 
-            allocator = SlotAllocator(kernels=engine_cfg.tier_alloc == "triton")
+            allocator = SlotAllocator(kernels=engine_cfg.tier_alloc == "triton",
+                                      gather_programs=engine_cfg.gather_programs)  # fmt: skip
             self.tiers = TieredKV(self.kv.pool, self.page_size, engine_cfg.sparse, device,
                                   forecast=make_forecast(model, engine_cfg.sparse),
                                   allocator=allocator)  # fmt: skip
