@@ -127,8 +127,8 @@ class RemoteBackend(Backend):
             with self.client.stream_chat(body, routing_key(links)) as chunks:
                 reply, ttft, cancelled = stream_step(chunks, output, links.record, visible, handle)
         except RemoteError as e:
-            if tools and e.status is not None and 400 <= e.status < 500 and "tool" in str(e):
-                raise ToolsRefused(str(e), e.status) from None
+            if tools and e.status is not None and 400 <= e.status < 500 and "tool" in e.detail:
+                raise ToolsRefused(e.detail, e.status, e.detail) from None
             raise
         calls = [parsed_call(c) for c in reply.tool_calls()]
         content = reply.content

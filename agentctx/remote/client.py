@@ -23,9 +23,9 @@ class RemoteError(EngineError):
     """The backend could not be reached, or refused or failed the request (`status`: the
     HTTP status it answered with, if any)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, detail: str = "") -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.detail = status, detail  # detail: the server's own message
 
 
 def api_urls(url: str) -> tuple[str, str]:
@@ -137,12 +137,13 @@ class OpenAIClient:
         if status in (401, 403):
             hint = (f"check the key in ${self.spec.api_key_env}" if self.spec.api_key_env
                     else "give its key with --api-key-env VAR")  # fmt: skip
-            return RemoteError(f"{where} refused the request ({status}: {message}); {hint}", status)
+            return RemoteError(f"{where} refused the request ({status}: {message}); {hint}", status,
+                               message)  # fmt: skip
         if status == 404 and "/chat/completions" in str(response.request.url):
             return RemoteError(f"{where} has no {response.request.url.path} ({message}): "
                                "--backend takes the API's base URL, such as http://HOST:PORT/v1",
-                               status)  # fmt: skip
-        return RemoteError(f"{where} answered {status}: {message}", status)
+                               status, message)  # fmt: skip
+        return RemoteError(f"{where} answered {status}: {message}", status, message)
 
     def _where(self, response: httpx.Response) -> str:
         url = response.request.url

@@ -47,18 +47,23 @@ class Totals:
 
     def usage(self, last: StepReply, prompt_tokens: int) -> dict:
         """The turn's usage as the embedded engine reports it: the last step's prompt, the
-        completion tokens and the first token's time over all steps."""
+        completion tokens over all steps, the first token's time; the rates are the last
+        step's as seen from here (0 where the server said nothing to time them by)."""
         done = [r.completion_tokens for r in self.replies if r.completion_tokens is not None]
-        completion = sum(done) if done else None
-        usage = {"prompt_tokens": last.prompt_tokens or prompt_tokens,
-                 "cached_tokens": last.cached_tokens, "completion_tokens": completion}  # fmt: skip
-        first = next((r.ttft_s for r in self.replies if r.ttft_s is not None), None)
-        if first is not None:
-            usage["ttft_s"] = round(first, 4)
-        decode_s = last.total_s - (last.ttft_s or 0.0)
-        if last.completion_tokens and decode_s > 0:
-            usage["decode_tok_s"] = round(last.completion_tokens / decode_s, 2)
-        return usage
+        prompt = last.prompt_tokens or prompt_tokens
+        cached = last.cached_tokens or 0  # (a server that does not say: none counted)
+        first = next((r.ttft_s for r in self.replies if r.ttft_s is not None), 0.0)
+        ttft, decode_s = last.ttft_s or 0.0, last.total_s - (last.ttft_s or 0.0)
+        return {
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "completion_tokens": sum(done) if done else None,
+            "ttft_s": round(first, 4),
+            "prefill_tok_s": round((prompt - cached) / ttft, 1) if ttft > 0 else 0.0,
+            "decode_tok_s": round(last.completion_tokens / decode_s, 2)
+            if last.completion_tokens and decode_s > 0
+            else 0.0,
+        }
 
 
 def run_remote_turn(backend, turn, output, links) -> TurnResult:

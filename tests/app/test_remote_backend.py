@@ -110,6 +110,17 @@ def test_a_turn_equals_the_embedded_engines_and_reports_the_servers_usage(server
     assert again.usage["cached_tokens"] > 0  # the same prompt: the server's prefix cache
 
 
+def test_a_server_that_refuses_tools_gets_the_turn_without_them(server, tiny, keyed, repo):
+    forced = RemoteBackend.connect(spec(server, tiny, keyed, tools=True))
+    assert forced.tool_fmt == "hermes"  # offered: the config says the model takes tools
+    result, _, log = run_turn(forced, repo, "What is calc?", max_tokens=4)
+    assert "the backend takes no tools (this model's chat template takes no tools)" in log
+    assert forced.tool_fmt is None and result.usage["completion_tokens"] == 4
+    plain, _, _ = run_turn(RemoteBackend.connect(spec(server, tiny, keyed)), repo, "What is calc?",
+                           max_tokens=4)  # fmt: skip
+    assert result.answer == plain.answer
+
+
 def test_a_replica_that_is_down_is_passed_over(server, tiny, keyed, repo):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     urls = [dead, server.url + "/v1"]
