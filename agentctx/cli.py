@@ -139,11 +139,21 @@ def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, for
     show_default=True,
     help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
 )
+@click.option(
+    "--backend",
+    default=None,
+    metavar="URL|NAME",
+    help="Run the turn on an OpenAI-compatible server (http://HOST:PORT/v1: vLLM, SGLang, "
+    "llama-server, agentctx serve) or a backend named in config.json; --model is its model.",
+)
+@click.option(
+    "--api-key-env", default=None, metavar="VAR", help="The backend's API key is in $VAR."
+)
 @kv_options
 @interrupts.terminating_as_interrupt()
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, show_packing, max_steps, device, weights, sparse, gpu_kv_budget,
-        host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
+        context_tokens, show_packing, max_steps, device, weights, backend, api_key_env, sparse,
+        gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
     SIGINT, SIGTERM, SIGHUP and even kill -9 leave it stored, marked interrupted)."""
     from agentctx.ask import history_messages
@@ -158,6 +168,8 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         raise click.UsageError("--repo and --book take a path, not an empty string")
     if repo and book:
         raise click.UsageError("use either --repo or --book, not both")
+    if api_key_env is not None and backend is None:
+        raise click.UsageError("--api-key-env is for a --backend")
     output = JsonOutput() if as_json else TextOutput()
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     try:
@@ -178,14 +190,21 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
             root, kind = os.path.realpath(book), "book"
         else:
             root, kind = str(resolve_root(repo or ".")), "repo"
-        from agentctx.models import resolve_model
+        if backend is not None:
+            if not as_json:
+                output.info(f"connecting to {backend}...")
+            chosen = _remote_backend(backend, model, api_key_env)
+            model = chosen.model  # (the server's name for it, stored with the session)
+        else:
+            from agentctx.models import resolve_model
 
-        model = resolve_model(model or (session.model if session is not None else None))
-        if not as_json:
-            output.info("loading model...")
+            model = resolve_model(model or (session.model if session is not None else None))
+            if not as_json:
+                output.info("loading model...")
+            chosen = _load_backend(model, device=device, weights=weights, config=config)
         from engine import SamplingParams  # (torch: after what can fail at once)
 
-        convo = Conversation(_load_backend(model, device=device, weights=weights, config=config))
+        convo = Conversation(chosen)
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, repetition_penalty=repeat_penalty
         )
@@ -214,6 +233,14 @@ def _load_backend(model: str, **options):
     obj = click.get_current_context().obj
     load = (obj or {}).get("load_backend") or EmbeddedBackend.load
     return load(model, **options)
+
+
+def _remote_backend(ref: str, model: str | None, api_key_env: str | None):
+    """The OpenAI-compatible server `--backend` names (agentctx.remote), connected."""
+    from agentctx.remote.backend import RemoteBackend
+    from agentctx.remote.backend_config import backend_spec
+
+    return RemoteBackend.connect(backend_spec(ref, model, api_key_env))
 
 
 def _answer(convo, turn, output, record) -> None:
