@@ -82,6 +82,18 @@ def test_tokenize_counts_as_the_engine_does(server, tiny):
     assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}).status_code == 401
 
 
+def test_the_local_tokenizer_counts_as_the_server_does(server, tiny, keyed):
+    from agentctx.remote.tokens import TokenCounter, local_tokenizer
+
+    backend = RemoteBackend.connect(spec(server, tiny, keyed))
+    local = TokenCounter(None, tiny, "", "tokenizer", local_tokenizer(tiny))
+    assert local.tokenizer is not None and local.estimate
+    text = "def add(a, b):\n    return a + b\n"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    assert local.count(text) == backend.counter.count(text) > 0
+    assert local.chat_count(messages) == backend.counter.chat_count(messages)
+
+
 def test_the_backend_finds_the_model_window_and_counter(server, tiny, keyed):
     backend = RemoteBackend.connect(spec(server, tiny, keyed))
     assert (backend.model, backend.window) == (tiny, 4096)

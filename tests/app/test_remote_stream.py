@@ -5,6 +5,7 @@ pieces, usage with cached tokens; the conversation in the API's shape
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -140,3 +141,25 @@ def test_named_backends_are_read_from_config_json(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTCTX_HOME", str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     assert backend_spec("cluster").urls[1] == "http://gpu2:8000/v1"
+
+
+def test_without_a_tokenize_route_the_packing_says_its_counts_are_an_estimate(repo):
+    from agentctx.conversation import Turn
+    from agentctx.output import JsonOutput
+    from agentctx.remote.backend import RemoteBackend
+    from agentctx.remote.tokens import TokenCounter
+
+    counter = TokenCounter(None, "m", "", "characters")
+    assert counter.estimate and counter.count("x" * 9) == 3
+    spec = backend_spec("http://127.0.0.1:9/v1", model="m", config={})
+    backend = RemoteBackend(spec, None, "m", 8192, counter, None)  # (packing asks no server)
+    out = io.StringIO()
+    turn = Turn("What does add do?", str(repo), params=SamplingParams(max_tokens=100))
+    messages, packed = backend.pack(turn, JsonOutput(out))
+    assert "def add(a, b)" in messages[1]["content"] and packed.tokens > 0
+    lines = [json.loads(line)["message"] for line in out.getvalue().splitlines()]
+    assert lines[0].startswith("packed 2 files")
+    assert (
+        lines[-1] == "token counts are an estimate: ~4 characters a token (the server has no "
+        "/tokenize and the model's tokenizer is not on this machine)"
+    )
