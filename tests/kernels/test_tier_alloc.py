@@ -13,6 +13,7 @@ from engine.kv.sparse_config import C as _C
 from kernels import HAS_TRITON, INTERPRET
 from kernels.tier_alloc import NO_CLAIM, LayerState, allocate_reference, allocate_triton
 from kernels.uva_gather import NOT_STAGED
+from kernels.views import Stage
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -40,7 +41,7 @@ def state(S: int, U: int, P: int = 4, D: int = 8, seed: int = 0) -> tuple[LayerS
 
 def clone(st: LayerState, rest: dict) -> tuple[LayerState, dict]:
     t = {f: getattr(st, f) for f in st.__dataclass_fields__}
-    t = {f: (v if f == "host_units" else v.clone()) for f, v in t.items()}
+    t = {f: (v.clone() if torch.is_tensor(v) and f != "host_units" else v) for f, v in t.items()}
     return LayerState(**t), {k: v.clone() for k, v in rest.items()}
 
 
@@ -69,7 +70,7 @@ def test_kernels_match_the_reference(n, victims_kernel):
         if step % 2:
             pick = torch.randperm(U, generator=g)[: n // 3]
             stage_of[pick] = torch.randperm(n, generator=g)[: n // 3].to(torch.int32)
-        stage = (rows, stage_of.to(DEVICE)) if step % 2 else None
+        stage = Stage(rows, stage_of.to(DEVICE)) if step % 2 else None
         units, valid = units.to(DEVICE), valid.to(DEVICE)
         got = allocate_triton(a, units, valid, ra["acc"], _C, stage=stage,
                               victims=allocator.victims)  # fmt: skip
