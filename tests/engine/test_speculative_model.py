@@ -30,8 +30,8 @@ def load(sparse: bool, speculate: SpecConfig | None = None) -> Engine:
 
 
 def prompts(engine: Engine) -> list[list[int]]:
-    seq_py = (ROOT / "engine" / "sequence.py").read_text()
-    blocks = (ROOT / "engine" / "block_manager.py").read_text()[:2500]
+    seq_py = (ROOT / "engine" / "runtime" / "sequence.py").read_text()
+    blocks = (ROOT / "engine" / "runtime" / "block_manager.py").read_text()[:2500]
     readme = README_EXCERPT[:2000]
     asks = [
         f"{seq_py}\nCopy the method `append_token` of this file exactly.",
