@@ -46,3 +46,8 @@ def test_limits_are_inclusive_and_exemptions_hold(tmp_path):
     )
     _write(tmp_path, "agentctx/env.py", "import os\n\nX = os.environ.get('HOME')\n")  # app may
     assert breaches(tmp_path) == []
+
+
+def test_the_repository_keeps_the_rules():
+    root = Path(__file__).resolve().parents[2]
+    assert breaches(root) == []
