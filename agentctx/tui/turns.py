@@ -1,6 +1,8 @@
 """The TUI's turns: each runs through agentctx.conversation in a worker thread, reporting
-to the chat screen with messages; the store is only touched on the main thread, where a
-turn is stored when it ends."""
+to the chat screen with messages; the store is only touched on the main thread. A turn's
+question is stored before it runs and its answer as it streams (agentctx.tui.turn_writes),
+so a killed TUI leaves the turn marked interrupted; a store that refuses the question
+(locked) gets the whole turn when it ends, or before the next question."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from agentctx.conversation import Conversation, Turn
 from agentctx.tui.errors import user_errors
 from agentctx.tui.outputs import Report, Silent, TurnOutput
 from agentctx.tui.screens import AnswerUpdate, LogMessage, TurnFinished
+from agentctx.tui.turn_writes import MainThreadRecord, fail_record, start_record
 
 
 class TurnRunner:
@@ -20,7 +23,7 @@ class TurnRunner:
     def __init__(self, app) -> None:
         self.app = app
         self.conversation = Conversation()
-        self.unsaved: Turn | None = None
+        self.unsaved: tuple | None = None  # (turn, its TurnRecord or None)
         self._stream = None  # the step streaming now
         self._cancel = False
 
@@ -53,6 +56,7 @@ class TurnRunner:
     def _run(self, question: str, history: list[dict] | None, session) -> None:
         """The turn (worker thread): open -> pack -> run here, save on the main thread."""
         app, post = self.app, self.app.chat.post_message
+        record = None
         try:
             backend = self._backend(post)
             if session is not None:
@@ -67,15 +71,18 @@ class TurnRunner:
                         max_steps=app.max_steps)  # fmt: skip
             self.conversation.pack(turn, history, Report(post))
             self.conversation.open(session, Report(post))
-            self._generate(turn, post)
+            record = self._ui(start_record, app.sessions.store, turn)
+            self._generate(turn, post, record)
         except Exception as e:
             # a user error is its line; a bug too, named, keeping the UI alive
+            if record is not None:
+                self._ui(fail_record, record)
             known = isinstance(e, user_errors())
             post(LogMessage(str(e) if known else f"{type(e).__name__}: {e}", "error"))
             post(TurnFinished(None, None, "error"))
             self._ui(self._idle)
             return
-        saved = self._ui(self.save, turn)
+        saved = self._ui(self.save, turn, record)
         post(TurnFinished(turn.usage, backend.window, turn.status))
         if turn.status == "interrupted":
             post(LogMessage("interrupted; the partial answer is kept", "info"))
@@ -100,16 +107,17 @@ class TurnRunner:
             self.conversation.backend = backend = EmbeddedBackend(app.engine)
         return backend
 
-    def _generate(self, turn: Turn, post) -> None:
-        """Run the turn (tool calls included), reporting to the chat screen; Esc cancels
-        the step that is streaming."""
+    def _generate(self, turn: Turn, post, record=None) -> None:
+        """Run the turn (tool calls included), reporting to the chat screen and writing to
+        `record` as it streams; Esc cancels the step that is streaming."""
 
         def started(stream) -> None:
             self._stream = stream
             if self._cancel:  # Esc came while packing or between steps
                 stream.cancel()
 
-        result = self.conversation.run(turn, TurnOutput(self.app, post), on_stream=started)
+        writes = MainThreadRecord(record, self._ui) if record is not None else None
+        result = self.conversation.run(turn, TurnOutput(self.app, post), writes, started)
         self._stream = None
         post(AnswerUpdate(result.answer))
         turn.status = "interrupted" if result.finish_reason == "cancelled" else "complete"
@@ -124,15 +132,20 @@ class TurnRunner:
     def _idle(self) -> None:
         self.app.busy, self.app.streaming = False, False
 
-    def save(self, turn: Turn):
-        """Store the turn (main thread); the session, or None when the store refused it:
-        then it is kept, to store before the next question, so the store keeps the chat's
-        turns."""
+    def save(self, turn: Turn, record=None):
+        """Store the turn (main thread): its answer in `record` where its question is
+        stored already, else the whole turn. The session, or None when the store refused
+        it: then it is kept, to store before the next question, so the store keeps the
+        chat's turns."""
         app = self.app
         try:
-            app.session = self.conversation.save(app.sessions.store, turn)
+            if record is None:
+                app.session = self.conversation.save(app.sessions.store, turn)
+            else:
+                app.session = record.finish(turn.result, turn.status)
+                self.conversation.stored_as(app.session.id, turn)
         except user_errors() as e:
-            self.unsaved = turn
+            self.unsaved = (turn, record)
             app.chat.add_line(f"could not store the turn: {e}; it is kept, to store before "
                               "the next question", "error")  # fmt: skip
             return None
@@ -141,7 +154,7 @@ class TurnRunner:
 
     def store_unsaved(self) -> bool:
         """Store the turn the store refused before; False while it still cannot."""
-        return self.unsaved is None or self.save(self.unsaved) is not None
+        return self.unsaved is None or self.save(*self.unsaved) is not None
 
     def drop_unsaved(self) -> None:
         """Leaving the chat of a turn the store refused: one more try, else say it is lost."""

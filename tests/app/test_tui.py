@@ -109,6 +109,37 @@ async def test_escape_cancels_and_keeps_the_partial_answer(engine, repo, store):
         assert "/sessions" in texts(app, AssistantMessage)[-1]
 
 
+async def test_the_turn_is_stored_while_the_answer_streams(engine, repo, store):
+    """Question first, then the answer as it grows: a TUI killed mid-answer leaves both."""
+    app = make_app(engine, repo, store, max_tokens=4000, ignore_eos=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "Explain calc.py at length.")
+        for _ in range(400):
+            if app.streaming:
+                break
+            await asyncio.sleep(0.02)
+        assert app.streaming
+        seen = None
+        for _ in range(300):  # the partial answer reaches the store within a second or so
+            session = store.latest()
+            last = store.messages(session.id)[-1] if session is not None else None
+            if last is not None and last.role == "assistant" and last.content:
+                seen = (session.id, last)
+                break
+            await asyncio.sleep(0.02)
+        assert app.busy and seen is not None  # (still answering)
+        session_id, last = seen
+        assert last.status == "interrupted"
+        roles = [m.role for m in store.messages(session_id)]
+        assert roles == ["system", "user", "assistant"]
+        await pilot.press("escape")
+        await finish(pilot)
+        assert app.session.id == session_id and len(store.list()) == 1
+        final = store.messages(session_id)
+        assert [m.role for m in final] == roles  # the same rows, finished
+        assert final[-1].status == "interrupted" and final[-1].content.startswith(last.content)
+
+
 async def test_resume_from_the_session_list_and_follow_up(engine, repo, store):
     app = make_app(engine, repo, store)
     async with app.run_test(size=SIZE) as pilot:
