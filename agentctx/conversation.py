@@ -2,7 +2,7 @@
 
 A `Turn` is what was asked, about what, and what came back (simonw/llm's Response); a
 `Conversation` runs turns over a Backend (agentctx.backend) in the order every front end
-follows: open the backend session, pack (or send the stored turns again), run, save,
+follows: pack (or send the stored turns again), open the backend session, run, save,
 snapshot the KV. The backend session stays open between turns (llm's Conversation), so a
 follow-up reuses the KV of everything before it."""
 

@@ -54,7 +54,8 @@ class TurnRunner:
         app.run_worker(work, thread=True, exclusive=True, group="turn")
 
     def _run(self, question: str, history: list[dict] | None, session) -> None:
-        """The turn (worker thread): open -> pack -> run here, save on the main thread."""
+        """The turn (worker thread): pack -> open -> run here, the store written on the main
+        thread."""
         app, post = self.app, self.app.chat.post_message
         record = None
         try:

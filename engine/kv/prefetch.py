@@ -63,8 +63,9 @@ class Prefetcher:
         self.staged.clear()
 
     def launch(self, layer: int, residual: torch.Tensor, ctx, forecast) -> None:
-        """Layer `layer`'s attention is done (residual: the stream before its MLP): predict
-        layer `layer`'s selection and fetch its missing pages, on a side stream on a GPU."""
+        """Layer `layer - 1`'s attention is done (residual: the stream before its MLP):
+        predict layer `layer`'s selection and fetch its missing pages, on a side stream on a
+        GPU."""
         tables, lens = ctx.tier_tables, ctx.tier_lens
         B = tables.shape[0]
         scorer = self.sel.scorer
