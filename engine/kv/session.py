@@ -153,6 +153,10 @@ class EngineSession:
         except SnapshotError as e:
             self.snapshot_error = str(e)
             return False
+        tiers = self.engine.runner.tiers
+        if tiers is not None:
+            with self.engine._lock:
+                _enter_tiers(tiers, blocks, len(tokens))
         self.blocks, self.hashes, self.token_ids = blocks, hashes, tokens
         self.restored_tokens = len(tokens)
         self.snapshot_error = None
@@ -173,3 +177,14 @@ class EngineSession:
     def _check_open(self) -> None:
         if self.closed:
             raise EngineError(f"session {self.id} is closed")
+
+
+def _enter_tiers(tiers, blocks: list[int], num_tokens: int, chunk_pages: int = 256) -> None:
+    """Pages a snapshot wrote into the host tier enter the tiers as a prefill's rows do: any
+    GPU slot that still holds an earlier use of their page ids is freed, and their rows are
+    folded into the key summaries that page selection scores (in chunks of pages)."""
+    P = tiers.P
+    tiers.drop_pages(list(blocks))
+    for first in range(0, num_tokens, chunk_pages * P):
+        positions = range(first, min(num_tokens, first + chunk_pages * P))
+        tiers.fold_rows([blocks[i // P] for i in positions], [i % P for i in positions])

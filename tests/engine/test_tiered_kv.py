@@ -125,3 +125,29 @@ def test_skip_prefill_attention_writes_the_kv_and_decodes(prompt):
     assert len(tokens) == 4 and stats.steps > 0  # decoded sparse over the tiers
     assert torch.equal(kv[0], kv_skip[0])
     assert not torch.equal(kv[1], kv_skip[1])
+
+
+def test_a_restored_snapshot_decodes_as_the_same_context_prefilled(prompt, tmp_path):
+    """A snapshot's pages enter the tiers as a prefill's do (their key summaries folded, no
+    stale GPU slot kept), so sparse decode after a restore selects what a cold run does."""
+    sparse = dict(budget_fraction=0.25)
+    first = load(SparseConfig(**sparse))
+    s = first.open_session("s")
+    stream = s.stream(prompt, PARAMS)
+    for _ in stream:
+        pass
+    ids = list(stream.request.seq.token_ids) + first.encode("\nNow in one line:")
+    path = tmp_path / "s.kv"
+    s.save(path)
+    s.close()
+    expected = load(SparseConfig(**sparse)).generate([ids], PARAMS)[0].token_ids
+    second = load(SparseConfig(**sparse))
+    warm = second.generate([prompt[::-1]], PARAMS)  # pages and GPU slots used before
+    assert warm[0].token_ids
+    t = second.open_session("t")
+    assert t.restore(path) and t.restored_tokens > 0
+    again = t.stream(ids, PARAMS)
+    for _ in again:
+        pass
+    assert again.request.stats.cached_tokens == t.restored_tokens
+    assert list(again.token_ids) == expected
