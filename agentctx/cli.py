@@ -18,6 +18,7 @@ from agentctx.command import UserError, error_line, errors, open_store, run, usa
 from agentctx.engine_options import engine_config, kv_options
 from agentctx.serve.cli import serve
 from agentctx.sessions_cli import sessions
+from agentctx.tui.cli import tui
 
 
 class FiniteFloat(click.FloatRange):
@@ -46,32 +47,6 @@ def cli(ctx: click.Context) -> None:
     for `agentctx ask "question"`."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(tui)
-
-
-@cli.command()
-@click.option("--repo", "repo", default=".", show_default=True, help="Repository to read.")
-@click.option(
-    "--model",
-    "model",
-    default=None,
-    help="A known model's name or alias (agentctx models), a .gguf file, a checkpoint "
-    "directory or a cached repo id.",
-)
-@kv_options
-def tui(repo: str, model: str | None, sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch,
-        speculate) -> None:  # fmt: skip
-    """Open the chat TUI."""
-    from agentctx.tui import run_tui
-    from tools.repo_files import resolve_root
-
-    if not repo.strip():
-        raise click.UsageError("--repo takes a path, not an empty string")
-    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
-    root = run(lambda: str(resolve_root(repo)))
-    open_store().close()  # a store that cannot be opened: one line here, not a traceback in the app
-    from agentctx.models import resolve_model
-
-    run_tui(repo=root, model=run(lambda: resolve_model(model)), config=config)
 
 
 @cli.command()
@@ -191,9 +166,11 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         else:
             root, kind = str(resolve_root(repo or ".")), "repo"
         if backend is not None:
+            from agentctx.remote.backend import connect_backend
+
             if not as_json:
                 output.info(f"connecting to {backend}...")
-            chosen = _remote_backend(backend, model, api_key_env)
+            chosen = connect_backend(backend, model, api_key_env)
             model = chosen.model  # (the server's name for it, stored with the session)
         else:
             from agentctx.models import resolve_model
@@ -233,14 +210,6 @@ def _load_backend(model: str, **options):
     obj = click.get_current_context().obj
     load = (obj or {}).get("load_backend") or EmbeddedBackend.load
     return load(model, **options)
-
-
-def _remote_backend(ref: str, model: str | None, api_key_env: str | None):
-    """The OpenAI-compatible server `--backend` names (agentctx.remote), connected."""
-    from agentctx.remote.backend import RemoteBackend
-    from agentctx.remote.backend_config import backend_spec
-
-    return RemoteBackend.connect(backend_spec(ref, model, api_key_env))
 
 
 def _answer(convo, turn, output, record) -> None:
@@ -300,6 +269,7 @@ def _find_session(store, ref: str | None, cont: bool):
 
 cli.add_command(sessions)
 cli.add_command(serve)
+cli.add_command(tui)
 
 
 # -- models -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ set -u
 
 OUT=${OUT:-/tmp/agentctx-bench}
 PY=${PYTHON:-python3}
-TARGETS="kernels decode real-model sparse-128k sparse-500k spec"
+TARGETS="kernels decode real-model sparse-128k sparse-500k spec serve"
 
 usage() {
     cat >&2 <<EOF
@@ -22,6 +22,9 @@ usage: bash bench/gpu.sh TARGET [STEP]   (results under \$OUT, now $OUT)
   sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K
   sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K
   spec         speculative verification: graphs against eager, its cost at 128K and 500K
+  serve        agentctx serve at 1, 4 and 16 clients against generate on the same batch
+               (the HTTP layer's cost; needs the bundle of scripts/eval_bundle.py carried
+               at \$BUNDLE, default .whl/eval)
 EOF
     exit 2
 }
@@ -119,6 +122,21 @@ spec() {
         --gpu-kv-budget 6GiB --json "$OUT/spec_verify_128k_b8.json" ;;
     4) step spec_verify_500k 300 "$PY" "${sv[@]}" --context 500000 --batches 1 \
         --gpu-kv-budget 2304MiB --json "$OUT/spec_verify_500k.json" ;;
+    *) return 1 ;;
+    esac
+}
+
+serve() {
+    case $1 in
+    1) local BUNDLE=${BUNDLE:-.whl/eval} PY=("$PY")
+       fail() { echo "gpu.sh: $*" >&2; exit 2; }
+       [ -f "$BUNDLE/MANIFEST" ] || fail "no $BUNDLE/MANIFEST: build it with scripts/eval_bundle.py"
+       . bench/gpu_modules.sh
+       install_modules "$BUNDLE" "${STAGE:-/root/stage}/py"
+       export PYTHONPATH="${STAGE:-/root/stage}/py:$PWD" AGENTCTX_HOME=/tmp/agentctx-home
+       step serve_load 590 "${PY[@]}" -m bench.serve_load --model dummy:llama-3.1-8b \
+        --device cuda --generate --clients 1 4 16 --prompt-tokens 512 --max-tokens 256 \
+        --vocab 128000 --logs "$OUT" --json "$OUT/serve_h200.json" ;;
     *) return 1 ;;
     esac
 }

@@ -1,4 +1,4 @@
-"""Build .whl/eval/: what `python -m bench.answer_eval` needs on the GPU machine (python 3.12,
+"""Build .whl/eval/: what `python -m bench.answer_eval` and `agentctx serve` need on the GPU machine (python 3.12,
 torch, triton, transformers, tokenizers, safetensors, numpy; no network) that its python lacks.
 
 - wheels of the third-party modules the evaluation imports there, at this venv's versions
@@ -40,6 +40,17 @@ WHEELS = [
     ("GitPython", "git", "missing"),  # tools.safe_git: the repository's file list, git tools
     ("gitdb", "gitdb", "missing"),
     ("smmap", "smmap", "missing"),
+    # agentctx serve and bench.serve_load's clients (bench/gpu.sh serve)
+    ("starlette", "starlette", "missing"),
+    ("uvicorn", "uvicorn", "missing"),
+    ("h11", "h11", "missing"),
+    ("anyio", "anyio", "missing"),
+    ("sniffio", "sniffio", "missing"),
+    ("httpx", "httpx", "missing"),
+    ("httpcore", "httpcore", "missing"),
+    ("idna", "idna", "missing"),
+    ("certifi", "certifi", "missing"),
+    ("click-default-group", "click_default_group", "missing"),
 ]
 SOURCES = [("PyYAML", "yaml", "missing")]  # .py files and a .dist-info, into py/DIST/
 DEVICE_PYTHON = "3.12"

@@ -241,3 +241,11 @@ def tool_format_of(spec: BackendSpec, counter: TokenCounter) -> str | None:
     if template:
         return tool_format(template) or ("hermes" if spec.tools else None)
     return "hermes"
+
+
+def connect_backend(ref: str, model: str | None, api_key_env: str | None) -> RemoteBackend:
+    """The OpenAI-compatible server `--backend REF` names (a URL or a configured name),
+    connected."""
+    from agentctx.remote.backend_config import backend_spec
+
+    return RemoteBackend.connect(backend_spec(ref, model, api_key_env))

@@ -35,19 +35,23 @@ def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def pieces(handle: RequestHandle, fmt: str | None, names: list[str]):
+async def pieces(handle: RequestHandle, fmt: str | None, names: list[str], ids: bool = False):
     """("content", text) as it may be shown, then ("calls", calls) and ("done", event).
-    With a tool format, text that may start a call is held back until it is decided."""
+    With a tool format, text that may start a call is held back until it is decided. With
+    ids, each token event also gives ("ids", its token ids), after its text."""
     visible = VisibleText(fmt, names) if fmt else None
     text, done = "", None
     async for event in handle.events():
         if event.kind == "done":
             done = event
-        elif event.text:
+            continue
+        if event.text:
             text += event.text
             shown = visible.feed(event.text) if visible else event.text
             if shown:
                 yield "content", shown
+        if ids and event.token_ids:
+            yield "ids", event.token_ids
     if done.finish_reason and done.finish_reason.startswith("error"):
         raise ApiError(500, f"the engine failed: {done.finish_reason}", kind="server_error")
     content, calls = parse_tool_calls(text, fmt, names) if fmt else (text, [])
@@ -68,6 +72,9 @@ class Completions:
 
     async def chat(self, body) -> JSONResponse | EventStream:
         req = oa.parse_chat(body, self.window)
+        if self.engine.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer or chat template: use "
+                           "/v1/completions with token ids", "messages")  # fmt: skip
         fmt = None
         if req.tools:
             fmt = tool_format(getattr(self.engine.tokenizer, "chat_template", None))
@@ -78,7 +85,7 @@ class Completions:
         except Exception as e:  # jinja's errors, and the template's own raise_exception
             raise ApiError(400, f"the chat template cannot render these messages: {e}",
                            "messages") from None  # fmt: skip
-        handle = self._submit(ids, req.params)
+        handle = await self._submit(ids, req.params)
         rid = oa.new_id("chatcmpl")
         if req.stream:
             stream = self._chat_stream(handle, req, rid, fmt)
@@ -120,38 +127,64 @@ class Completions:
 
     async def text(self, body) -> JSONResponse | EventStream:
         req = oa.parse_completion(body, self.window)
-        handle = self._submit(self.engine.encode(req.prompt), req.params)
+        # a model without a tokenizer answers in token ids only
+        req.return_token_ids = req.return_token_ids or self.engine.tokenizer is None
+        handle = await self._submit(self._prompt_ids(req.prompt), req.params)
         rid = oa.new_id("cmpl")
         if req.stream:
             stream = self._text_stream(handle, req, rid)
             return EventStream(stream, lambda: self.runner.cancel(handle))
         try:
-            text, done = "", None
-            async for kind, value in pieces(handle, None, []):
+            text, ids, done = "", [], None
+            async for kind, value in pieces(handle, None, [], req.return_token_ids):
                 if kind == "content":
                     text += value
+                elif kind == "ids":
+                    ids += value
                 elif kind == "done":
                     done = value
         finally:
             self.runner.cancel(handle)
         finish = oa.finish_reason(done.finish_reason, False)
-        return JSONResponse(oa.text_completion(rid, self.model, text, finish, done.stats))
+        return JSONResponse(
+            oa.text_completion(
+                rid, self.model, text, finish, done.stats, ids if req.return_token_ids else None
+            )
+        )
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            vocab = self.engine.model_config.vocab_size
+            if max(prompt) >= vocab:
+                raise ApiError(400, f"'prompt' has token id {max(prompt)}; the vocabulary has "
+                               f"{vocab}", "prompt")  # fmt: skip
+            return prompt
+        if self.engine.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer: send 'prompt' as token ids",
+                           "prompt")  # fmt: skip
+        return self.engine.encode(prompt)
 
     async def _text_stream(self, handle, req, rid: str) -> AsyncIterator[str]:
+        text = ""  # with token ids, a chunk per token: its text and its ids
         try:
-            async for kind, value in pieces(handle, None, []):
-                if kind == "content":
+            async for kind, value in pieces(handle, None, [], req.return_token_ids):
+                if kind == "content" and req.return_token_ids:
+                    text += value
+                elif kind == "content":
                     yield sse(oa.text_completion(rid, self.model, value, None))
+                elif kind == "ids":
+                    yield sse(oa.text_completion(rid, self.model, text, None, token_ids=value))
+                    text = ""
                 elif kind == "done":
                     finish = oa.finish_reason(value.finish_reason, False)
-                    yield sse(oa.text_completion(rid, self.model, "", finish))
+                    yield sse(oa.text_completion(rid, self.model, text, finish))
                     if req.include_usage:
                         yield sse(oa.text_completion(rid, self.model, None, None, value.stats))
         except ApiError as e:
             yield sse(e.body())
         yield sse("[DONE]")
 
-    def _submit(self, ids: list[int], params) -> RequestHandle:
+    async def _submit(self, ids: list[int], params) -> RequestHandle:
         from engine import ContextTooLongError, EngineError
 
         if not self.runner.admitting:
@@ -160,7 +193,7 @@ class Completions:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; the model's window is "
                            f"{self.window}", "messages", "context_length_exceeded")  # fmt: skip
         try:
-            return self.runner.submit(ids, params)
+            return await self.runner.submit(ids, params)
         except ContextTooLongError as e:
             raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
         except EngineError as e:  # a cache too small for this request

@@ -43,10 +43,11 @@ class ChatRequest:
 @dataclass(slots=True)
 class CompletionRequest:
     model: str
-    prompt: str
+    prompt: str | list[int]  # text, or token ids (OpenAI's token-array prompt)
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    return_token_ids: bool = False  # vLLM's field: each choice also carries its token ids
 
 
 def parse_chat(body: Any, window: int) -> ChatRequest:
@@ -62,11 +63,20 @@ def parse_chat(body: Any, window: int) -> ChatRequest:
 def parse_completion(body: Any, window: int) -> CompletionRequest:
     body = _object(body)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise ApiError(400, "'prompt' must be a non-empty string", "prompt")
-    return CompletionRequest(_model(body), prompt, sampling_params(body, window), *_streaming(body))
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt
+    if not _token_ids(prompt) and (not isinstance(prompt, str) or not prompt):
+        raise ApiError(400, "'prompt' must be a non-empty string or list of token ids "
+                       "(one prompt)", "prompt")  # fmt: skip
+    return CompletionRequest(_model(body), prompt, sampling_params(body, window), *_streaming(body),
+                             _typed(body, "return_token_ids", bool, False))  # fmt: skip
+
+
+def _token_ids(prompt: Any) -> bool:
+    """Whether the prompt is a non-empty list of token ids (checked against the vocabulary
+    where the model is known)."""
+    return (isinstance(prompt, list) and bool(prompt)
+            and all(type(t) is int and t >= 0 for t in prompt))  # fmt: skip
 
 
 def _object(body: Any) -> dict:
@@ -170,6 +180,8 @@ def sampling_params(body: dict, window: int) -> SamplingParams:
         raise ApiError(400, f"'stop' must be a string or up to {MAX_STOP_STRINGS} strings", "stop")
     seed = _typed(body, "seed", int, None)
     return SamplingParams(max_tokens=max_tokens, stop=stop, seed=seed,
+                          # vLLM's and llama-server's extra field: benchmarks fix the length
+                          ignore_eos=_typed(body, "ignore_eos", bool, False),
                           temperature=_number(body, "temperature", 1.0, 0, 2),
                           top_p=_number(body, "top_p", 1.0, 0, 1, low_open=True),
                           # vLLM's and SGLang's extra field: agentctx ask --backend sends it
@@ -242,10 +254,13 @@ def chat_chunk(rid: str, model: str, delta: dict | None, finish: str | None = No
 
 
 def text_completion(rid: str, model: str, text: str | None, finish: str | None,
-                    stats=None) -> dict:  # fmt: skip
-    """A /v1/completions object, or one of its chunks (text None: the usage chunk)."""
+                    stats=None, token_ids: list[int] | None = None) -> dict:  # fmt: skip
+    """A /v1/completions object, or one of its chunks (text None: the usage chunk); with
+    token_ids, its choice carries them (return_token_ids)."""
     choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": finish,
                                          "logprobs": None}]  # fmt: skip
+    if choices and token_ids is not None:
+        choices[0]["token_ids"] = token_ids
     out = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
            "choices": choices}  # fmt: skip
     if stats is not None:

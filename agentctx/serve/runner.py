@@ -1,6 +1,10 @@
 """The engine, driven from async code: one thread steps it while any request is unfinished,
 so requests that arrive together run in the same forward passes (continuous batching), and
-hands each request's events to the event loop that awaits them."""
+hands each request's events to the event loop that awaits them.
+
+Only that thread touches the engine: a new request is queued for it and added between two
+steps. (The engine holds its lock for a whole step and the thread steps back to back, so an
+event loop that took the lock itself could wait many steps for it, streaming nothing.)"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from agentctx.serve.openai_schema import ApiError
 from engine import SamplingParams, StreamEvent
 from engine.runtime.requests import GenerationStats
 
@@ -31,6 +36,23 @@ class RequestHandle:
                 return
 
 
+def _resolve(admitted: asyncio.Future, handle: RequestHandle, runner: EngineRunner) -> None:
+    if admitted.done():  # the client went away while its request waited to be added
+        runner.cancel(handle)
+    else:
+        admitted.set_result(handle)
+
+
+def _fail(admitted: asyncio.Future, error: Exception) -> None:
+    if not admitted.done():
+        admitted.set_exception(error)
+
+
+def _put_all(batch: list) -> None:
+    for queue, event in batch:
+        queue.put_nowait(event)
+
+
 class EngineRunner:
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -38,6 +60,7 @@ class EngineRunner:
         self.max_batch = 0  # the most sequences running together after a step
         self.steps = 0
         self._active: dict[int, RequestHandle] = {}
+        self._pending: list[tuple] = []  # (prompt, params, queue, loop, future) to add
         self._work = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="engine-steps", daemon=True)
@@ -45,15 +68,16 @@ class EngineRunner:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, prompt: list[int], params: SamplingParams) -> RequestHandle:
-        """Queue a request (from the event loop's thread). Engine errors (a prompt longer
-        than the window, a cache too small for it) raise here."""
-        request = self.engine.add_request(prompt, params)
-        handle = RequestHandle(request, asyncio.Queue(), asyncio.get_running_loop())
+    async def submit(self, prompt: list[int], params: SamplingParams) -> RequestHandle:
+        """The request's handle once the engine's thread has added it (before its next
+        step). Engine errors (a prompt longer than the window, a cache too small for it)
+        raise here."""
+        loop = asyncio.get_running_loop()
+        admitted = loop.create_future()
         with self._work:
-            self._active[request.seq.seq_id] = handle
+            self._pending.append((prompt, params, asyncio.Queue(), loop, admitted))
             self._work.notify()
-        return handle
+        return await admitted
 
     def cancel(self, handle: RequestHandle) -> None:
         """Cancel a request that has not finished (its pages are freed at the next step)."""
@@ -86,10 +110,19 @@ class EngineRunner:
         engine = self.engine
         while True:
             with self._work:
-                while not self._stopping and not engine.has_unfinished():
+                while not self._stopping and not self._pending and not engine.has_unfinished():
                     self._work.wait(IDLE_WAIT_S)
                 if self._stopping:
+                    pending, self._pending = self._pending, []
+                    for *_, loop, admitted in pending:
+                        error = ApiError(503, "the server is shutting down", kind="server_error")
+                        loop.call_soon_threadsafe(_fail, admitted, error)
                     return
+                pending, self._pending = self._pending, []
+            for item in pending:
+                self._admit(*item)
+            if not engine.has_unfinished():
+                continue
             try:
                 engine.step()
             except Exception as e:  # the engine's state is suspect: end every request
@@ -99,19 +132,35 @@ class EngineRunner:
             self.max_batch = max(self.max_batch, len(engine.scheduler.running))
             self._deliver()
 
+    def _admit(self, prompt, params, queue, loop, admitted) -> None:
+        try:
+            request = self.engine.add_request(prompt, params)
+        except Exception as e:  # noqa: BLE001 (the handler turns engine errors into 4xx)
+            loop.call_soon_threadsafe(_fail, admitted, e)
+            return
+        handle = RequestHandle(request, queue, loop)
+        with self._work:
+            self._active[request.seq.seq_id] = handle
+        loop.call_soon_threadsafe(_resolve, admitted, handle, self)
+
     def _deliver(self) -> None:
+        """Hands the step's events to the event loop in one call per loop (one wake-up per
+        step, not one per token: the loop and this thread share the GIL)."""
         with self._work:
             handles = list(self._active.items())
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
         for seq_id, handle in handles:
             events = handle.request.events
             while events:
                 event = events.popleft()
                 if event.kind == "prefill":
                     continue
-                handle.loop.call_soon_threadsafe(handle.queue.put_nowait, event)
+                batches.setdefault(handle.loop, []).append((handle.queue, event))
                 if event.kind == "done":
                     with self._work:
                         self._active.pop(seq_id, None)
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_put_all, batch)
 
     def _fail_all(self, error: Exception) -> None:
         with self._work:

@@ -11,6 +11,8 @@ from agentctx.serve.openai_schema import ApiError, parse_chat
 def tokenize(engine, body) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if engine.tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer")
     if "messages" in body:
         req = parse_chat({**body, "model": body.get("model") or "-"}, engine.max_model_len)
         prompt = body.get("add_generation_prompt", True)

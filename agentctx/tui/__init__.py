@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 
-def run_tui(repo: str | None = None, model: str | None = None, config=None) -> None:
-    """Open the TUI; returns when the user quits. `config`: the engine's EngineConfig."""
+def run_tui(repo: str | None = None, model: str | None = None, config=None,
+            connect=None) -> None:  # fmt: skip
+    """Open the TUI; returns when the user quits. `config`: the engine's EngineConfig;
+    `connect`: returns the remote backend the turns run on instead (agentctx.remote)."""
     from agentctx.tui.app import AgentApp
 
     def load(name: str | None):
@@ -12,4 +14,4 @@ def run_tui(repo: str | None = None, model: str | None = None, config=None) -> N
 
         return Engine.load(name, config=config)
 
-    AgentApp(repo=repo, model=model, engine_factory=load).run()
+    AgentApp(repo=repo, model=model, engine_factory=load, connect=connect).run()

@@ -49,6 +49,7 @@ class AgentApp(App):
         engine_factory: Callable[[str | None], Any] | None = None,
         store=None,
         params=None,
+        connect: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__()
         from engine import SamplingParams
@@ -58,6 +59,9 @@ class AgentApp(App):
         self.model = model
         self.engine_factory = engine_factory or _load_engine
         self.engine = None  # loaded by the first turn
+        # with a remote backend (tui --backend): connects with the first turn, and every
+        # turn runs there; the model is the server's
+        self.connect = connect
         if store is None:
             from sessions.store import SessionStore
 
@@ -75,6 +79,9 @@ class AgentApp(App):
 
     @property
     def window(self) -> int | None:
+        if self.connect is not None:
+            backend = self.turns.conversation.backend
+            return backend.window if backend is not None else None
         return self.engine.max_model_len if self.engine is not None else None
 
     @property
@@ -126,6 +133,8 @@ class AgentApp(App):
     def _use_session_model(self, stored: str | None) -> None:
         """A resumed session goes on with the model it was started with."""
         wanted = None if stored in (None, "", "default") else stored
+        if self.connect is not None:  # the backend's model serves every session
+            return
         if wanted != self.model:
             self.turns.close_session()
             self.model, self.engine = wanted, None

@@ -96,10 +96,17 @@ class TurnRunner:
         self._ui(self._idle)
 
     def _backend(self, post):
-        """The backend over the app's engine, loading the engine with the first turn."""
+        """The backend over the app's engine, loading the engine with the first turn; or the
+        remote backend, connected with the first turn."""
         from agentctx.backend import EmbeddedBackend
 
         app = self.app
+        if app.connect is not None:
+            if self.conversation.backend is None:
+                post(LogMessage("connecting to the backend..."))
+                self.conversation.backend = app.connect()
+                app.model = self.conversation.backend.model
+            return self.conversation.backend
         if app.engine is None:
             post(LogMessage(f"loading model {app.model or '(default)'}..."))
             app.engine = app.engine_factory(app.model)

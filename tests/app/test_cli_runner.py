@@ -268,3 +268,11 @@ def test_an_interrupt_keeps_the_partial_answer_and_says_where(repo, home):
     answer = messages[session.id][-1]
     assert (answer.content, answer.status) == ("add returns", "interrupted")
     assert backend.saved == []  # no snapshot of a turn cut short
+
+
+def test_tui_refuses_a_key_without_a_backend_and_an_unknown_backend_name(repo):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["tui", "--repo", str(repo), "--api-key-env", "KEY"])
+    assert result.exit_code == 2 and "--api-key-env is for a --backend" in result.output
+    result = runner.invoke(cli, ["tui", "--repo", str(repo), "--backend", "cluster"])
+    assert result.exit_code == 1 and "no backend named 'cluster'" in result.output
