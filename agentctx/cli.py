@@ -10,11 +10,11 @@ import os
 import sys
 
 import click
-from click_default_group import DefaultGroup
 
 from agentctx import interrupts
 from agentctx.agent import DEFAULT_MAX_STEPS
 from agentctx.command import UserError, error_line, errors, open_store, run, usage_error_line
+from agentctx.command_group import CommandGroup, require_terminal
 from agentctx.engine_options import engine_config, kv_options
 from agentctx.serve.cli import serve
 from agentctx.sessions_cli import sessions
@@ -32,7 +32,7 @@ class FiniteFloat(click.FloatRange):
 
 
 @click.group(
-    cls=DefaultGroup,
+    cls=CommandGroup,
     default="ask",
     default_if_no_args=False,
     invoke_without_command=True,
@@ -46,6 +46,7 @@ def cli(ctx: click.Context) -> None:
     `agentctx` alone opens the TUI on the current directory; `agentctx "question"` is short
     for `agentctx ask "question"`."""
     if ctx.invoked_subcommand is None:
+        require_terminal(ctx)
         ctx.invoke(tui)
 
 

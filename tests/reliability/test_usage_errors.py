@@ -31,6 +31,9 @@ CASES = {
     "ask with --session and -c": (["ask", "q", "-c", "--session", "x"], "either --session"),
     "models with an unknown option": (["models", "--bogus"], "No such option"),
     "install without a name": (["models", "install"], "Missing argument 'NAME'"),
+    "a mistyped command": (["sesions"], "unknown command 'sesions' (did you mean 'sessions'?)"),
+    "a lone word": (["summarize"], "unknown command 'summarize' (to ask it, use: agentctx ask"),
+    "no command off a terminal": ([], "the TUI needs a terminal; usage: agentctx ask"),
 }
 
 
