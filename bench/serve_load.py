@@ -242,11 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.llama_server and not args.gguf:
         if not args.model.endswith(".gguf"):
-            from agentctx.models import resolve_model
-
-            args.gguf = resolve_model(args.model)
-        else:
-            args.gguf = args.model
+            ap.error("--llama-server loads one .gguf file: give it as --model or --gguf")
+        args.gguf = args.model
     # per count, one batch per repeat: new prompts each time (no repeat reuses a prefix)
     batches = {c: [prompts(c, args.prompt_tokens, args.vocab, seed=100 * c + r)
                    for r in range(args.repeats)] for c in args.clients}  # fmt: skip
