@@ -15,9 +15,14 @@ import time
 import httpx
 import pytest
 
+from bench.peers.llamacpp import build, cache_root
 from tests.app.serve_support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+# the user's llama.cpp cache, read at import, before the session fixture points AGENTCTX_HOME
+# at a temporary folder: the build is kept across test runs, outside the repository
+USER_CACHE = cache_root()
 
 ALIAS = "smollm2-gguf"
 QUESTION = "What does add do?"
@@ -25,10 +30,10 @@ QUESTION = "What does add do?"
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    from bench.peers.llamacpp import build
     from engine.loading.default_model import default_model_path
 
-    binary = build(targets=("llama-server",), quiet=True).binary("llama-server")
+    made = build(root=USER_CACHE, targets=("llama-server",), quiet=True)
+    binary = made.binary("llama-server")
     port = free_port()
     log = (tmp_path_factory.mktemp("llama") / "server.log").open("w")
     proc = subprocess.Popen([str(binary), "-m", str(default_model_path()), "--alias", ALIAS,
