@@ -40,7 +40,14 @@ def run_modes(engine, kind: str, root: str, question: str, params, modes) -> lis
         name = f"draft:{default_model_path()}" if mode == "draft" else mode
         cfg = SpecConfig(name)
         engine.spec = (
-            None if mode == "off" else SpecDecoder(engine, cfg, make_proposer(cfg, engine))
+            None
+            if mode == "off"
+            else SpecDecoder(
+                engine.runner,
+                engine.block_manager,
+                cfg,
+                make_proposer(cfg, engine.runner, engine.config.cache_dir),
+            )
         )
         engine.block_manager.reset_prefix_cache()
         c = engine.generate([prompt], params)[0]

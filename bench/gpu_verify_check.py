@@ -111,7 +111,7 @@ def main() -> None:
         runner.verify_graphs.enabled = mode
         runner.verify_graphs.replays = runner.verify_graphs.fallbacks = 0
         cfg = SpecConfig("lookup", max_k=8, start_k=4, adaptive=False)
-        engine.spec = SpecDecoder(engine, cfg, Corrupted())
+        engine.spec = SpecDecoder(runner, engine.block_manager, cfg, Corrupted())
         engine.block_manager.reset_prefix_cache()
         t = time.perf_counter()
         got[mode] = [c.token_ids for c in engine.generate(prompts, params)]

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
+from engine.kv.snapshot import SnapshotError, load_snapshot, save_snapshot
+from engine.runtime.requests import Stream
+from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.runtime.llm_engine import Engine
-    from engine.runtime.requests import Stream
-    from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +91,6 @@ class EngineSession:
         """Stream an answer to a whole prompt, reusing the pages of its common prefix with
         the session's last turn. The answer is not added to `messages`: the caller adds it
         (as the template renders it) with the next turn."""
-        from engine.runtime.requests import Stream
-
         self._check_open()
         if self.busy:
             raise EngineError(f"session {self.id} is still answering")
@@ -101,12 +100,14 @@ class EngineSession:
         # whole pages only, and the last prompt token is always computed (for its logits)
         n = min(common, len(ids) - 1, self.num_cached_tokens) // bs
         prefix = (self.blocks[:n], self.hashes[:n] if len(self.hashes) >= n else [])
-        with self.engine._lock:
-            req = self.engine.add_request(ids, params, session=self, prefix=prefix)
-            if self._dense_kv is not None and n:
-                # its first rows are this turn's reused prefix (the same tokens, the same KV)
-                self.engine.runner.dense_kv[req.seq.seq_id] = self._dense_kv
-            self._dense_kv = None
+        # (taken before the request exists: its end hands the session the next copy)
+        dense, self._dense_kv = self._dense_kv, None
+        try:
+            req = self.engine.add_request(ids, params, session=self, prefix=prefix,
+                                          dense_kv=dense if n else None)  # fmt: skip
+        except BaseException:
+            self._dense_kv = dense
+            raise
         self.last_reuse = ReuseInfo(len(self.token_ids), common, n * bs, len(ids))
         self._active = Stream(self.engine, req)
         return self._active
@@ -131,8 +132,6 @@ class EngineSession:
 
     def save(self, path) -> dict:
         """Write the session's pages and tokens to a KV snapshot file (atomically)."""
-        from engine.kv.snapshot import save_snapshot
-
         self._check_open()
         if self.busy:
             raise EngineError(f"session {self.id} is still answering")
@@ -143,8 +142,6 @@ class EngineSession:
         """Take pages and tokens from a snapshot file. A file that does not match this
         engine, or fails its checksums, is refused: `snapshot_error` says why, nothing is
         used, and the next turn prefills. Returns whether the KV was restored."""
-        from engine.kv.snapshot import SnapshotError, load_snapshot
-
         self._check_open()
         if self.token_ids:
             raise EngineError(f"session {self.id} already holds KV")
@@ -168,10 +165,8 @@ class EngineSession:
             return
         if self.busy:
             self._active.cancel()
-        with self.engine._lock:
-            self.engine.block_manager.release(self.blocks)
-            self.blocks, self.hashes, self._dense_kv = [], [], None
-            self.engine.sessions.pop(self.id, None)
+        blocks, self.blocks, self.hashes, self._dense_kv = self.blocks, [], [], None
+        self.engine.close_session(self.id, blocks)
         self.closed = True
 
     def _check_open(self) -> None:

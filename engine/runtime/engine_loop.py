@@ -9,24 +9,24 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ContextTooLongError, EngineError
+from engine.kv.dense_kv import DenseKV
+from engine.kv.session import EngineSession
+from engine.kv.snapshot import engine_identity
 from engine.runtime.block_manager import BlockManager
 from engine.runtime.detokenizer import Detokenizer
 from engine.runtime.kv_sizing import check_gpu_tier, check_pool_size, num_pages
 from engine.runtime.kv_stats import kv_stats
 from engine.runtime.model_runner import ModelRunner
 from engine.runtime.requests import Request, StreamEvent
-from engine.runtime.scheduler import Scheduler
+from engine.runtime.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.runtime.sequence import Sequence
 from engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from engine.kv.session import EngineSession
+from engine.spec.decoder import SpecDecoder, make_proposer
 
 
 class EngineLoop:
@@ -79,9 +79,8 @@ class EngineLoop:
         self.spec = None  # engine.spec.decoder.SpecDecoder when speculative decoding is on
         spec_cfg = self.config.speculate
         if spec_cfg is not None and spec_cfg.mode != "off":
-            from engine.spec.decoder import SpecDecoder, make_proposer
-
-            self.spec = SpecDecoder(self, spec_cfg, make_proposer(spec_cfg, self))
+            proposer = make_proposer(spec_cfg, self.runner, self.config.cache_dir)
+            self.spec = SpecDecoder(self.runner, self.block_manager, spec_cfg, proposer)
 
     # -- tokens ----------------------------------------------------------------------------
 
@@ -99,10 +98,13 @@ class EngineLoop:
         params: SamplingParams | None = None,
         session: EngineSession | None = None,
         prefix: tuple[list[int], list[bytes]] | None = None,
+        dense_kv: DenseKV | None = None,
     ) -> Request:
         """Queue a request. With a `session`, its finished pages stay pinned for the
         session's next turn; `prefix` (pages, chain hashes) names pages that already hold
-        the prompt's first tokens, so they are reused without hash lookups."""
+        the prompt's first tokens, so they are reused without hash lookups. `dense_kv`: the
+        CPU runner's contiguous copy of the session's last turn, whose first rows are the
+        prefix's (the same tokens, the same KV), so they are not gathered again."""
         params = params or SamplingParams()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
@@ -126,6 +128,8 @@ class EngineLoop:
         with self._lock:
             self.requests[seq.seq_id] = req
             self.scheduler.add(seq)
+            if dense_kv is not None:
+                self.runner.dense_kv[seq.seq_id] = dense_kv
         return req
 
     def has_unfinished(self) -> bool:
@@ -194,8 +198,6 @@ class EngineLoop:
         """Verify every sequence's draft in one forward, then commit the emitted tokens one
         at a time, as single decode steps would (a stop ends the sequence there), and roll
         back what the rejected positions took."""
-        from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
-
         emitted = self.spec.verify(out, drafts, probs)
         now = time.perf_counter()
         for item in out.scheduled:
@@ -215,8 +217,6 @@ class EngineLoop:
 
     def _plan_ahead(self, out):
         """The step after `out` if it is certain to be the same greedy decode batch, else None."""
-        from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
-
         if self.spec is not None:  # each step may draft: nothing is certain
             return None
         if any(it.seq.is_finished for it in out.scheduled):
@@ -292,8 +292,6 @@ class EngineLoop:
         far, rendered again by the next append(). `snapshot`: a KV snapshot file to restore
         the session's pages from; one that does not match this engine is refused
         (session.snapshot_error says why) and the next turn prefills as usual."""
-        from engine.kv.session import EngineSession
-
         session = self.sessions.get(session_id)
         if session is None:
             session = EngineSession(self, session_id)
@@ -304,6 +302,13 @@ class EngineLoop:
             session.restore(snapshot)
         return session
 
+    def close_session(self, session_id: str, blocks: list[int]) -> None:
+        """Forget an open session and unpin its pages: they stay cached (LRU) for anyone
+        with the prefix."""
+        with self._lock:
+            self.block_manager.release(blocks)
+            self.sessions.pop(session_id, None)
+
     def kv_stats(self) -> dict:
         """Where the context's KV lives now, and what sparse decode fetched so far
         (engine.runtime.kv_stats)."""
@@ -312,7 +317,5 @@ class EngineLoop:
     def kv_identity(self) -> dict[str, str]:
         """What KV computed by this engine depends on; a snapshot must match all of it."""
         if self._identity is None:
-            from engine.kv.snapshot import engine_identity
-
             self._identity = engine_identity(self)
         return dict(self._identity)

@@ -17,7 +17,18 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import EngineError
+from engine.layers.rope import RotaryEmbedding
 from engine.layers.sampler import filter_logits, penalize
+from engine.loading.loader import (
+    build_model,
+    init_dummy_weights,
+    load_checkpoint_weights,
+    read_config,
+    resolve_source,
+)
+from engine.runtime.block_manager import BlockManager
+from engine.runtime.model_runner import ModelRunner
+from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
 from engine.spec.accept import accept_greedy, accept_sampling
 from engine.spec.proposers import (
     AdaptiveLength,
@@ -84,7 +95,9 @@ class SpecStats:
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
 
-def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
+def make_proposer(cfg: SpecConfig, runner: ModelRunner, cache_dir=None) -> Proposer | None:
+    """The proposer `cfg` names, over the target's runner (its model, rope and KV pool); a
+    draft model's GGUF converts into `cache_dir` (the engine's, EngineConfig.cache_dir)."""
     mode = cfg.mode
     if mode == "off":
         return None
@@ -92,28 +105,43 @@ def make_proposer(cfg: SpecConfig, engine) -> Proposer | None:
         mode = "lookup"
     if mode == "lookup":
         return LookupProposer()
-    runner = engine.runner
     if mode in ("self", "lookup+self"):
-        draft = SelfDraft(engine.model, runner.rope, runner.kv.pool, runner.page_size,
+        draft = SelfDraft(runner.model, runner.rope, runner.kv.pool, runner.page_size,
                           cfg.sinks, cfg.window, cfg.max_k)  # fmt: skip
         return draft if mode == "self" else LookupOrSelf(LookupProposer(), draft)
-    from engine import Engine
-    from engine.layers.rope import RotaryEmbedding
-
-    draft = Engine.load(mode.removeprefix("draft:"), device=engine.device, dtype=engine.dtype,
-                        weights="dense")  # fmt: skip
-    if draft.model_config.vocab_size != engine.model_config.vocab_size:
+    model, model_cfg = load_draft(mode.removeprefix("draft:"), runner.device, runner.dtype,
+                                  cache_dir)  # fmt: skip
+    if model_cfg.vocab_size != runner.cfg.vocab_size:
         raise EngineError(
-            f"the draft model's vocabulary ({draft.model_config.vocab_size} tokens) is not "
-            f"the target's ({engine.model_config.vocab_size})"
+            f"the draft model's vocabulary ({model_cfg.vocab_size} tokens) is not "
+            f"the target's ({runner.cfg.vocab_size})"
         )
-    rope = RotaryEmbedding(draft.model_config, engine.max_model_len, engine.device, engine.dtype)
-    return DraftModel(draft.model, rope, cfg.sinks, cfg.window, cfg.max_k)
+    rope = RotaryEmbedding(model_cfg, runner.max_model_len, runner.device, runner.dtype)
+    return DraftModel(model, rope, cfg.sinks, cfg.window, cfg.max_k)
+
+
+def load_draft(path: str, device: torch.device, dtype: torch.dtype, cache_dir=None):
+    """A draft model's dense weights (what Engine.load takes: a GGUF, a checkpoint, or
+    "dummy:PRESET" with the seed-0 random weights) and its config."""
+    source = resolve_source(path, cache_dir)
+    cfg = read_config(source)
+    model = build_model(cfg, device, dtype)
+    if source.kind == "dummy":
+        init_dummy_weights(model, 0)
+    else:
+        load_checkpoint_weights(model, source.path)
+    return model, cfg
 
 
 class SpecDecoder:
-    def __init__(self, engine, cfg: SpecConfig, proposer: Proposer) -> None:
-        self.engine, self.cfg, self.proposer = engine, cfg, proposer
+    """Drafts and verifies over the target's runner; the block manager gives each
+    verification its room (and takes back what the rejected positions held)."""
+
+    def __init__(
+        self, runner: ModelRunner, block_manager: BlockManager, cfg: SpecConfig, proposer: Proposer
+    ) -> None:
+        self.runner, self.block_manager = runner, block_manager
+        self.cfg, self.proposer = cfg, proposer
         self.lengths = AdaptiveLength(cfg.start_k, cfg.max_k, fixed=not cfg.adaptive)
         self.generators: dict[int, torch.Generator] = {}
         self.stats: dict[int, SpecStats] = {}
@@ -132,7 +160,6 @@ class SpecDecoder:
     def plan(self, out) -> tuple[dict[int, list[int]], dict[int, object]] | None:
         """Drafts for a batch of decoding sequences, padded to one length; None when no
         sequence has one (the step runs as a plain decode step) or room is short."""
-        engine = self.engine
         items = out.scheduled
         if not items or not all(it.is_decode for it in items):
             return None
@@ -141,7 +168,7 @@ class SpecDecoder:
             seq = it.seq
             p = seq.params
             room = min(p.max_tokens - seq.num_completion_tokens - 1,
-                       engine.max_model_len - len(seq))  # fmt: skip
+                       self.runner.max_model_len - len(seq))  # fmt: skip
             k = min(self.lengths.get(seq.seq_id), room)
             if k <= 0:
                 drafts[seq.seq_id] = []
@@ -157,7 +184,7 @@ class SpecDecoder:
         width = max(len(d) for d in drafts.values())
         if width == 0:
             return None
-        bm = engine.block_manager
+        bm = self.block_manager
         for it in items:  # every sequence verifies `width` positions (padding is rejected)
             if not bm.ensure_capacity(it.seq, len(it.seq) + width):
                 return None
@@ -169,8 +196,6 @@ class SpecDecoder:
     def verify(self, out, drafts: dict[int, list[int]], probs: dict) -> dict[int, list[int]]:
         """One target forward over every sequence's k+1 positions; returns the emitted tokens
         of each sequence (1 to k+1)."""
-        from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
-
         width = max(len(d) for d in drafts.values())
         items = []
         for it in out.scheduled:
@@ -178,7 +203,7 @@ class SpecDecoder:
             pad = [d[-1] if d else it.seq.token_ids[-1]] * (width - len(d))
             items.append(ScheduledSeq(it.seq, width + 1, True, draft=tuple(d + pad)))
         t0 = time.perf_counter()
-        logits = self.engine.runner.verify(SchedulerOutput(items, []))  # [B, k+1, V]
+        logits = self.runner.verify(SchedulerOutput(items, []))  # [B, k+1, V]
         self.lengths.observe(width + 1, time.perf_counter() - t0)
         emitted = {}
         for i, it in enumerate(out.scheduled):

@@ -97,7 +97,8 @@ def test_rollback_returns_every_page_and_slot(checkpoint):
     truth = load_engine(checkpoint, sparse=sparse).generate([prompt], params)[0].token_ids
     engine = load_engine(checkpoint, sparse=sparse, page_size=16, speculate=SpecConfig("lookup"))
     fixed = SpecConfig("lookup", max_k=8, start_k=6, adaptive=False)  # keep drafting
-    engine.spec = SpecDecoder(engine, fixed, Corrupted(truth, len(prompt)))
+    engine.spec = SpecDecoder(engine.runner, engine.block_manager, fixed,
+                              Corrupted(truth, len(prompt)))  # fmt: skip
     bm, tiers = engine.block_manager, engine.runner.tiers
     start_free = bm.num_free_blocks
     req = engine.add_request(prompt, params)
@@ -250,8 +251,8 @@ def test_lookup_and_self_is_lookup_where_it_matches_else_self(checkpoint):
     from engine.spec.proposers import LookupOrSelf, LookupProposer
 
     engine = load_engine(checkpoint)
-    assert type(make_proposer(SpecConfig("auto"), engine)) is LookupProposer
-    proposer = make_proposer(SpecConfig("lookup+self"), engine)
+    assert type(make_proposer(SpecConfig("auto"), engine.runner)) is LookupProposer
+    proposer = make_proposer(SpecConfig("lookup+self"), engine.runner)
     assert isinstance(proposer, LookupOrSelf)
     reqs = [engine.add_request(p, SamplingParams(max_tokens=36, ignore_eos=True))
             for p in prompts()[:2]]  # fmt: skip

@@ -86,7 +86,8 @@ def test_lookup_gives_the_greedy_tokens_in_the_default_4bit_mode():
 
     for mode in ("lookup", "self", "lookup+self"):
         cfg = SpecConfig(mode, adaptive=False)
-        engine.spec = SpecDecoder(engine, cfg, make_proposer(cfg, engine))
+        engine.spec = SpecDecoder(engine.runner, engine.block_manager, cfg,
+                                  make_proposer(cfg, engine.runner))  # fmt: skip
         for p, want in zip(batch, expected, strict=True):
             engine.block_manager.reset_prefix_cache()
             c = engine.generate([p], params)[0]
