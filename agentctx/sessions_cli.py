@@ -119,10 +119,17 @@ def sessions_rm(ref: str) -> None:
 @click.argument("ref")
 @click.option("-o", "--output", "path", type=click.Path(dir_okay=False), default=None)
 @click.option("--with-kv", is_flag=True, help="Include the session's KV snapshot (base64).")
-def sessions_export(ref: str, path: str | None, with_kv: bool) -> None:
-    """Write a session as a JSON Lines file (stdout without -o)."""
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl",
+              show_default=True,
+              help="jsonl: the file `sessions import` reads back; markdown: a transcript.")  # fmt: skip
+def sessions_export(ref: str, path: str | None, with_kv: bool, fmt: str) -> None:
+    """Write a session as a JSON Lines file or a Markdown transcript (stdout without -o)."""
     from agentctx import kv_snapshots
+    from sessions.markdown import write_markdown
     from sessions.session_file import export_session
+
+    if with_kv and fmt != "jsonl":
+        raise click.UsageError("--with-kv is for --format jsonl")
 
     def kv_of(store):
         if not with_kv:
@@ -132,12 +139,18 @@ def sessions_export(ref: str, path: str | None, with_kv: bool) -> None:
             raise UserError(f"session {ref} has no KV snapshot; ask a question in it first")
         return kv
 
+    def export_session_as(store, fp, kv) -> None:
+        if fmt == "markdown":
+            write_markdown(store, ref, fp)
+        else:
+            export_session(store, ref, fp, kv)
+
     if path is None:
 
         def to_stdout():
             store = open_store()
             with store.snapshot():  # messages and tool calls of one moment
-                export_session(store, ref, sys.stdout, kv_of(store))
+                export_session_as(store, sys.stdout, kv_of(store))
 
         run(to_stdout)
         return
@@ -159,7 +172,7 @@ def sessions_export(ref: str, path: str | None, with_kv: bool) -> None:
         try:
             # (store.snapshot: messages and tool calls of one moment)
             with os.fdopen(fd, "w", encoding="utf-8") as fp, store.snapshot():
-                export_session(store, ref, fp, kv)
+                export_session_as(store, fp, kv)
             os.chmod(tmp, mode)
             os.replace(tmp, target)  # never a half-written file at `path`
         except OSError as e:

@@ -13,7 +13,8 @@ HELP = """\
 - `/sessions`: list sessions (Enter resume, r rename, d delete after a y / n question)
 - `/repo PATH`: the repository for the next new session
 - `/book FILE`: the next new session reads that book
-- `/export`: write this session to a .jsonl file in the current directory
+- `/export [PATH]`: write this session to PATH (a .md name: a Markdown transcript), or to
+  SESSION_ID.jsonl in PATH or the current directory
 - `/model NAME`: load another model
 - `/context`: what this session's context holds
 - `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
@@ -88,7 +89,7 @@ class SlashCommands:
             )
             return
         try:
-            path = self.app.sessions.export(self.app.session.id)
+            path = self.app.sessions.export(self.app.session.id, arg.strip() or None)
         except (OSError, *user_errors()) as e:
             self.app.chat.add_line(f"export failed: {e}", "error")
             return

@@ -45,18 +45,31 @@ class SessionService:
     def delete(self, ref: str) -> Session:
         return self.store.delete(ref)
 
-    def export(self, ref: str, directory: str | None = None) -> Path:
-        """Write the session as JSON Lines into `directory` (default: the current one)."""
+    def export(self, ref: str, target: str | None = None) -> Path:
+        """Write the session to `target`: a file (a .md name: a Markdown transcript, else
+        JSON Lines), or a folder (default: the current one) where it is SESSION_ID.jsonl,
+        which replaces only an earlier export."""
+        from sessions.markdown import write_markdown
         from sessions.session_file import export_session
 
-        path = Path(directory or os.getcwd()) / f"{self.store.get(ref).id}.jsonl"
-        if path.is_symlink() or path.exists() and not _is_export(path):
-            raise OSError(f"{path} exists and is not an earlier export: not replaced")
+        given = Path(target).expanduser() if target else None
+        if given is None or given.is_dir():
+            path = (given or Path(os.getcwd())) / f"{self.store.get(ref).id}.jsonl"
+            if path.is_symlink() or path.exists() and not _is_export(path):
+                raise OSError(f"{path} exists and is not an earlier export: not replaced")
+        else:
+            path = given
+            if not path.parent.is_dir():
+                raise OSError(f"no folder {path.parent}")
+        markdown = path.suffix.lower() in (".md", ".markdown")
         tmp = path.with_name(f".{path.name}.tmp")
         try:
             # (store.snapshot: messages and tool calls of one moment)
             with open(tmp, "w", encoding="utf-8") as fp, self.store.snapshot():
-                export_session(self.store, ref, fp)
+                if markdown:
+                    write_markdown(self.store, ref, fp)
+                else:
+                    export_session(self.store, ref, fp)
             os.replace(tmp, path)  # never a half-written file
         except BaseException:
             with contextlib.suppress(OSError):

@@ -91,6 +91,19 @@ def test_export_import_round_trip(home, tmp_path):
     assert again.splitlines()[1:] == exported.splitlines()[1:]
 
 
+def test_export_as_markdown_to_stdout_and_a_file(home, tmp_path):
+    s = make_session(home)
+    shown = agentctx("sessions", "export", "demo", "--format", "markdown")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"# demo\n\n- session: {s.id} (demo)\n")
+    assert "## You\n\nWhat is this?" in shown.stdout and "A demo — with unicode ✓." in shown.stdout
+    path = tmp_path / "demo.md"
+    out = agentctx("sessions", "export", s.id, "--format", "markdown", "-o", str(path))
+    assert out.returncode == 0 and path.read_text() == shown.stdout
+    both = agentctx("sessions", "export", s.id, "--format", "markdown", "--with-kv")
+    assert both.returncode == 2 and "--with-kv is for --format jsonl" in both.stderr
+
+
 def test_unknown_session_name(home):
     make_session(home)
     assert_one_line_error(agentctx("sessions", "show", "nope"), "nope")

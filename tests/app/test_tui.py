@@ -4,6 +4,7 @@ SessionStore on a temporary file and a tiny git repository."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -469,3 +470,24 @@ async def test_an_answer_cut_by_max_tokens_ends_with_a_marker(engine, repo, stor
         usage = store.messages(app.session.id)[-1].timings
         assert usage["completion_tokens"] == 4  # the tiny model does not stop by itself in 4
         assert "[the answer was cut at 4 tokens, the max_tokens limit" in texts(app, LogLine)[-1]
+
+
+async def test_export_writes_to_the_path_given(engine, repo, store, tmp_path):
+    app = make_app(engine, repo, store)
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        await submit(pilot, f"/export {tmp_path / 'talk.md'}")
+        assert str(tmp_path / "talk.md") in texts(app, LogLine)[-1]
+        await submit(pilot, f"/export {folder}")
+        jsonl = folder / f"{app.session.id}.jsonl"
+        assert str(jsonl) in texts(app, LogLine)[-1]
+        await submit(pilot, f"/export {tmp_path / 'no' / 'such' / 'x.md'}")
+        assert "export failed: no folder" in texts(app, LogLine)[-1]
+        answer = texts(app, AssistantMessage)[-1]
+    md = (tmp_path / "talk.md").read_text()
+    assert md.startswith("# ") and "## You\n\nWhat does add do?" in md
+    assert "<summary>packed context" in md and answer.strip()[:20] in md
+    assert json.loads(jsonl.read_text().splitlines()[0])["format"]
