@@ -26,11 +26,14 @@ def _session_dict(s) -> dict:
 @sessions.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("-n", "--limit", type=click.IntRange(1), default=None)
-def sessions_list(as_json: bool, limit: int | None) -> None:
+@click.option("--search", default=None, metavar="TEXT",
+              help="Only sessions whose title or name holds TEXT, or whose questions and "
+              "answers have all its words.")  # fmt: skip
+def sessions_list(as_json: bool, limit: int | None, search: str | None) -> None:
     """Sessions, most recent first."""
     if limit is not None:
         limit = min(limit, 1 << 62)  # (SQLite's integers are 64-bit)
-    rows = run(lambda: open_store().list(limit=limit))
+    rows = run(lambda: open_store().list(limit=limit, search=search))
     if as_json:
         click.echo(json.dumps([_session_dict(s) for s in rows], indent=2))
         return

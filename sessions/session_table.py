@@ -60,10 +60,22 @@ class SessionTable(Table):
         return sessions[0] if sessions else None
 
     @store_errors
-    def list(self, limit: int | None = None) -> list[Session]:
-        """Newest (most recently updated) first, each with its message count."""
-        sql = _SESSION_SELECT + " order by s.updated desc, s.rowid desc"
+    def list(self, limit: int | None = None, search: str | None = None) -> list[Session]:
+        """Newest (most recently updated) first, each with its message count; with `search`,
+        only those whose title or name holds it, or whose questions or answers have all its
+        words (full-text, SQLite FTS5)."""
+        sql = _SESSION_SELECT
         params: list[Any] = []
+        if search is not None and search.strip():
+            like = _like(search.strip())
+            sql += " where s.title like ? escape '\\' or s.name like ? escape '\\'"
+            params += [like, like]
+            words = _fts_words(search)
+            if words:
+                sql += (" or s.id in (select m.session_id from messages m where m.id in"
+                        " (select rowid from messages_fts where messages_fts match ?))")  # fmt: skip
+                params.append(words)
+        sql += " order by s.updated desc, s.rowid desc"
         if limit is not None:
             sql += " limit ?"
             params.append(limit)
@@ -120,3 +132,16 @@ def require_session(db: Database, session_id: str) -> None:
 def touch_session(db: Database, session_id: str, now: str) -> None:
     """A write to a session's records makes it the most recently updated."""
     db.execute("update sessions set updated = ? where id = ?", [now, session_id])
+
+
+def _like(text: str) -> str:
+    """A LIKE pattern (escape character backslash) for text anywhere in a value."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _fts_words(text: str) -> str:
+    """An FTS5 query for all the words of `text`, each a quoted string (so the user's text is
+    never query syntax); words without a letter or digit are left out."""
+    words = [w for w in text.split() if any(ch.isalnum() for ch in w)]
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words)

@@ -54,9 +54,10 @@ class SessionStore(StoreConnection):
         """The most recently updated session."""
         return self.session_table.latest()
 
-    def list(self, limit: int | None = None) -> list[Session]:
-        """Newest (most recently updated) first, each with its message count."""
-        return self.session_table.list(limit)
+    def list(self, limit: int | None = None, search: str | None = None) -> list[Session]:
+        """Newest (most recently updated) first, each with its message count; `search`: only
+        those whose title or name holds it or whose questions and answers have its words."""
+        return self.session_table.list(limit, search)
 
     def rename(self, ref: str, new_name: str | None) -> Session:
         """Give a session a new unique name, or None to clear it."""

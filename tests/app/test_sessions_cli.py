@@ -91,6 +91,15 @@ def test_export_import_round_trip(home, tmp_path):
     assert again.splitlines()[1:] == exported.splitlines()[1:]
 
 
+def test_sessions_list_search(home):
+    s = make_session(home)
+    found = json.loads(agentctx("sessions", "list", "--search", "unicode demo", "--json").stdout)
+    assert [x["id"] for x in found] == [s.id]
+    assert agentctx("sessions", "list", "--search", "absent words").stdout == ""
+    odd = agentctx("sessions", "list", "--search", '"NEAR(')
+    assert odd.returncode == 0 and odd.stdout == "" and "Traceback" not in odd.stderr
+
+
 def test_export_as_markdown_to_stdout_and_a_file(home, tmp_path):
     s = make_session(home)
     shown = agentctx("sessions", "export", "demo", "--format", "markdown")

@@ -14,6 +14,7 @@ def test_fresh_database_gets_all(tmp_path):
         "m001_initial",
         "m002_session_title",
         "m003_message_token_ids",
+        "m004_message_search",
     ]
     assert {"sessions", "messages", "tool_calls", "manifests", "_migrations"} <= set(
         db.table_names()
@@ -65,7 +66,9 @@ def test_database_from_previous_schema_keeps_its_data(tmp_path):
             "m001_initial",
             "m002_session_title",
             "m003_message_token_ids",
+            "m004_message_search",
         ]
+        assert [x.id for x in store.list(search="old days")] == ["s-000001"]  # indexed too
         # The new column works, and the old data can grow.
         assert store.session_table.set_title("old", "Old times").title == "Old times"
         assert store.add_message(s.id, "assistant", "still here").seq == 2
