@@ -83,17 +83,15 @@ class SessionTable(Table):
 
     @store_errors
     def rename(self, ref: str, new_name: str | None) -> Session:
-        """Give a session a new unique name, or None to clear it."""
+        """Give a session a new unique name, or None to clear it. Its last use does not
+        change: `ask -c` still continues the session last asked in."""
         if new_name is not None:
             check_name(new_name)
         with self.transaction():
             session = self.get(ref)
             if new_name is not None and new_name != session.name:
                 self._check_name_free(new_name)
-            self.db.execute(
-                "update sessions set name = ?, updated = ? where id = ?",
-                [new_name, utc_now(), session.id],
-            )
+            self.db.execute("update sessions set name = ? where id = ?", [new_name, session.id])
         return self.get(session.id)
 
     @store_errors

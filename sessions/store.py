@@ -60,7 +60,7 @@ class SessionStore(StoreConnection):
         return self.session_table.list(limit, search)
 
     def rename(self, ref: str, new_name: str | None) -> Session:
-        """Give a session a new unique name, or None to clear it."""
+        """Give a session a new unique name, or None to clear it (its last use unchanged)."""
         return self.session_table.rename(ref, new_name)
 
     def delete(self, ref: str) -> Session:

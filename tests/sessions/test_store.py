@@ -197,3 +197,13 @@ def test_title(store):
     s = store.create("/a", "repo", "m", title="First question")
     assert s.title == "First question"
     assert store.session_table.set_title(s.id, "Better").title == "Better"
+
+
+def test_renaming_does_not_change_which_session_is_latest(store):
+    older = store.create("/r", "repo", "m", name="older")
+    newer = store.create("/r", "repo", "m", name="newer")
+    store.add_message(newer.id, "user", "the last question")
+    assert store.latest().id == newer.id
+    store.rename("older", "renamed")
+    assert store.latest().id == newer.id  # -c continues the session last asked in
+    assert store.get(older.id).updated == older.updated
