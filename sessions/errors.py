@@ -14,7 +14,10 @@ class SessionError(StoreError):
 class SessionNotFound(SessionError):
     def __init__(self, ref: str):
         self.ref = ref
-        super().__init__(f"no session named or numbered {ref!r}")
+        super().__init__(
+            f"no session with the id or name {ref!r} (an id's start will do; "
+            "agentctx sessions list shows them)"
+        )
 
 
 class SessionFileError(StoreError):

@@ -9,7 +9,7 @@ from sqlite_utils import Database
 from sessions.connection import Table
 from sessions.database import store_errors
 from sessions.errors import SessionError, SessionNotFound
-from sessions.identifiers import check_name, new_session_id, utc_now
+from sessions.identifiers import ID_PATTERN, check_name, new_session_id, utc_now
 from sessions.models import ROOT_KINDS, Session, check_choice
 
 _SESSION_SELECT = """
@@ -47,8 +47,15 @@ class SessionTable(Table):
 
     @store_errors
     def get(self, ref: str) -> Session:
-        """By id, else by name."""
+        """By id, else by name, else by the start of one id ("s-3f", as `sessions list`
+        shows ids; names cannot look like ids, so this never shadows a name)."""
         row = self._row("s.id = ?", ref) or self._row("s.name = ?", ref)
+        if row is None and ID_PATTERN.fullmatch(ref):
+            rows = list(self.db.query(f"{_SESSION_SELECT} where s.id like ? || '%'", [ref]))
+            if len(rows) > 1:
+                ids = ", ".join(sorted(r["id"] for r in rows)[:5])
+                raise SessionError(f"{ref!r} starts {len(rows)} session ids ({ids}); give more")
+            row = rows[0] if rows else None
         if row is None:
             raise SessionNotFound(ref)
         return Session.from_row(row)

@@ -30,7 +30,10 @@ def test_unknown_session(store):
         store.get("no-such-thing")
     assert "no-such-thing" in str(e.value)
     assert "\n" not in str(e.value)
-    assert str(e.value) == "no session named or numbered 'no-such-thing'"
+    assert str(e.value) == (
+        "no session with the id or name 'no-such-thing' (an id's start will "
+        "do; agentctx sessions list shows them)"
+    )
 
 
 def test_list_newest_first_with_counts_and_latest(store):
@@ -207,3 +210,16 @@ def test_renaming_does_not_change_which_session_is_latest(store):
     store.rename("older", "renamed")
     assert store.latest().id == newer.id  # -c continues the session last asked in
     assert store.get(older.id).updated == older.updated
+
+
+def test_a_unique_start_of_an_id_finds_its_session(store):
+    from sessions.errors import SessionError
+
+    a = store.create("/r", "repo", "m")
+    assert store.get(a.id[:4]).id == a.id and store.get(a.id[:-1]).id == a.id
+    b = store.create("/r", "repo", "m")
+    store.db.execute("update sessions set id = ? where id = ?", [a.id[:3] + "ffff", b.id])
+    with pytest.raises(SessionError, match="starts 2 session ids"):
+        store.get(a.id[:3])  # "s-" and one hex digit: both
+    with pytest.raises(SessionNotFound):
+        store.get("s-")  # not an id's start: no hex digit
