@@ -15,6 +15,7 @@ from agentctx import interrupts
 from agentctx.agent import DEFAULT_MAX_STEPS
 from agentctx.command import UserError, error_line, errors, open_store, run, usage_error_line
 from agentctx.command_group import CommandGroup, require_terminal
+from agentctx.config_cli import config
 from agentctx.engine_options import engine_config, kv_options
 from agentctx.serve.cli import serve
 from agentctx.sessions_cli import sessions
@@ -271,6 +272,7 @@ def _find_session(store, ref: str | None, cont: bool):
 cli.add_command(sessions)
 cli.add_command(serve)
 cli.add_command(tui)
+cli.add_command(config)
 
 
 # -- models -------------------------------------------------------------------------------
