@@ -50,12 +50,15 @@ class AgentApp(App):
         store=None,
         params=None,
         connect: Callable[[], Any] | None = None,
+        kind: str = "repo",
+        resume: str | None = None,
     ) -> None:
         super().__init__()
         from engine import SamplingParams
 
         self.repo = repo  # what the next new session reads (None: the current directory)
-        self.kind = "repo"  # "repo", or "book" after /book FILE
+        self.kind = kind  # "repo", or "book" (tui --book, /book FILE)
+        self.resume_at_start = resume  # a session to open on start (tui -c, --session)
         self.model = model
         self.engine_factory = engine_factory or _load_engine
         self.engine = None  # loaded by the first turn
@@ -91,6 +94,8 @@ class AgentApp(App):
     def on_mount(self) -> None:
         self._chat = ChatScreen()
         self.push_screen(self._chat)
+        if self.resume_at_start is not None:
+            self.call_after_refresh(self.resume, self.resume_at_start)
         self.call_after_refresh(self._update_label)
 
     def _update_label(self) -> None:

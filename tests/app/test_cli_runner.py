@@ -276,3 +276,18 @@ def test_tui_refuses_a_key_without_a_backend_and_an_unknown_backend_name(repo):
     assert result.exit_code == 2 and "--api-key-env is for a --backend" in result.output
     result = runner.invoke(cli, ["tui", "--repo", str(repo), "--backend", "cluster"])
     assert result.exit_code == 1 and "no backend named 'cluster'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["-c"], 1, "there is no session to continue"),
+        (["--session", "nope"], 1, "no session with the id or name 'nope'"),
+        (["-c", "--session", "x"], 2, "either --session or -c"),
+        (["--book", "/no/such/book.txt"], 1, "book"),
+        (["--book", " "], 2, "take a path"),
+    ],
+)  # fmt: skip
+def test_tui_checks_what_it_resumes_or_reads_before_it_opens(repo, args, code, needle):
+    result = CliRunner().invoke(cli, ["tui", "--repo", str(repo), *args])
+    assert result.exit_code == code and needle in result.output, result.output

@@ -491,3 +491,21 @@ async def test_export_writes_to_the_path_given(engine, repo, store, tmp_path):
     assert md.startswith("# ") and "## You\n\nWhat does add do?" in md
     assert "<summary>packed context" in md and answer.strip()[:20] in md
     assert json.loads(jsonl.read_text().splitlines()[0])["format"]
+
+
+async def test_the_app_opens_the_session_it_was_asked_to_resume(engine, repo, store):
+    s = store.create(str(repo), "repo", "default", name="earlier")
+    store.add_message(s.id, "user", "packed files\nQuestion: What does add do?")
+    store.add_message(s.id, "assistant", "It adds two numbers.")
+    params = SamplingParams(max_tokens=8)
+    app = AgentApp(repo=str(repo), engine_factory=lambda model: engine, store=store,
+                   params=params, resume=s.id)  # fmt: skip
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.session is not None and app.session.id == s.id
+        assert any("It adds two numbers." in t for t in texts(app, AssistantMessage))
+        await submit(pilot, "And sub?")
+        await finish(pilot)
+    roles = [m.role for m in store.messages(s.id)]
+    assert roles[:2] == ["user", "assistant"] and roles[-2:] == ["user", "assistant"]
+    assert len(store.list()) == 1  # the follow-up went into the resumed session
