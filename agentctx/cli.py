@@ -126,11 +126,14 @@ def cli(ctx: click.Context) -> None:
 @click.option(
     "--api-key-env", default=None, metavar="VAR", help="The backend's API key is in $VAR."
 )
+@click.option("--dry-run", is_flag=True,
+              help="Show what would be packed and the prompt's size; load no weights, generate "
+              "and store nothing.")  # fmt: skip
 @kv_options
 @interrupts.terminating_as_interrupt()
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, show_packing, max_steps, device, weights, backend, api_key_env, sparse,
-        gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
+        context_tokens, show_packing, max_steps, device, weights, backend, api_key_env, dry_run,
+        sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
     SIGINT, SIGTERM, SIGHUP and even kill -9 leave it stored, marked interrupted)."""
     from agentctx.ask import history_messages
@@ -147,6 +150,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         raise click.UsageError("use either --repo or --book, not both")
     if api_key_env is not None and backend is None:
         raise click.UsageError("--api-key-env is for a --backend")
+    no_save = no_save or dry_run  # (a dry run stores nothing: the store is only read)
     output = JsonOutput() if as_json else TextOutput()
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     try:
@@ -178,9 +182,14 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
             from agentctx.models import resolve_model
 
             model = resolve_model(model or (session.model if session is not None else None))
-            if not as_json:
-                output.info("loading model...")
-            chosen = _load_backend(model, device=device, weights=weights, config=config)
+            if dry_run:
+                from agentctx.dry_run import tokenizer_backend
+
+                chosen = tokenizer_backend(model, config)
+            else:
+                if not as_json:
+                    output.info("loading model...")
+                chosen = _load_backend(model, device=device, weights=weights, config=config)
         from engine import SamplingParams  # (torch: after what can fail at once)
 
         convo = Conversation(chosen)
@@ -190,7 +199,12 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         turn = Turn(question, root, kind, session=session, name=session_ref, model=model,
                     params=params, max_steps=max_steps)  # fmt: skip
         history = history_messages(store, session.id) if session is not None else None
-        convo.pack(turn, history, output, context_tokens, show_packing)
+        convo.pack(turn, history, output, context_tokens, show_packing or dry_run)
+        if dry_run:
+            from agentctx.dry_run import report
+
+            report(chosen, turn, output)
+            return
         convo.open(session if not no_save else None, output)
         record = None
         if store is not None and not no_save:

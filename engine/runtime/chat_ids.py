@@ -46,3 +46,19 @@ def pinned_chat_ids(
         elif part:
             ids += tokenizer(part, add_special_tokens=False)["input_ids"]
     return ids
+
+
+def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                      tools: list[dict] | None = None) -> list[int]:  # fmt: skip
+    """The chat template's tokens; `tools` (JSON schemas) for templates that take them. A
+    message with "token_ids" keeps exactly those ids (pinned_chat_ids)."""
+    extra = {"tools": tools} if tools else {}
+    pinned = pinned_chat_ids(tokenizer, messages, add_generation_prompt, extra)
+    if pinned is not None:
+        return pinned
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, **extra
+    )
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return list(ids)

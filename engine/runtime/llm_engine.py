@@ -26,7 +26,7 @@ from engine.loading.loader import (
     read_config,
     resolve_source,
 )
-from engine.runtime.chat_ids import pinned_chat_ids
+from engine.runtime.chat_ids import chat_template_ids
 from engine.runtime.engine_loop import EngineLoop
 from engine.runtime.requests import Completion, Stream
 from engine.runtime.sequence import Sequence
@@ -94,16 +94,7 @@ class Engine(EngineLoop):
         """The chat template's tokens; `tools` (JSON schemas) for templates that take them.
         A message with "token_ids" (an answer's generated ids) keeps exactly those ids in
         place of its re-tokenized content (engine.runtime.chat_ids)."""
-        extra = {"tools": tools} if tools else {}
-        pinned = pinned_chat_ids(self.tokenizer, messages, add_generation_prompt, extra)
-        if pinned is not None:
-            return pinned
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, **extra
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_template_ids(self.tokenizer, messages, add_generation_prompt, tools)
 
     # -- convenience -----------------------------------------------------------------------
 
