@@ -110,6 +110,11 @@ class ChatScreen(Screen):
     @on(Input.Submitted, "#prompt")
     def submitted(self, event: Input.Submitted) -> None:
         text = event.value.strip()
+        if text and self.app.busy and text.split()[0] not in ("/help", "/context"):
+            # kept in the box, to send once the answer ends
+            self.add_line("an answer is running: what you typed stays in the box; Enter sends "
+                          "it once the answer ends, Esc cancels the answer", "error")  # fmt: skip
+            return
         event.input.value = ""
         if not text:
             return

@@ -98,6 +98,10 @@ async def test_escape_cancels_and_keeps_the_partial_answer(engine, repo, store):
                 break
             await asyncio.sleep(0.02)
         assert app.streaming
+        await submit(pilot, "A second question")  # typed while the answer runs: kept
+        prompt = app.screen.query_one("#prompt")
+        assert prompt.value == "A second question" and app.busy
+        assert "stays in the box" in texts(app, LogLine)[-1]
         await pilot.press("escape")
         await finish(pilot)
         assert not app.busy
@@ -106,6 +110,7 @@ async def test_escape_cancels_and_keeps_the_partial_answer(engine, repo, store):
         assert (last.tokens or 0) < 4000
         assert any("interrupted" in t for t in texts(app, LogLine))
         # still responsive
+        prompt.value = ""
         await submit(pilot, "/help")
         assert "/sessions" in texts(app, AssistantMessage)[-1]
 
