@@ -209,6 +209,9 @@ def test_llamacpp_reads_quantizes_and_benchmarks_the_random_gguf(tmp_path):
         made = llamacpp.find_build(root=USER_CACHE)
     except LlamaCppError as e:
         pytest.skip(str(e))
+    if not made.complete(("llama-quantize", "llama-bench")):  # (a build of llama-server alone)
+        pytest.skip(f"the llama.cpp build in {made.dir} has no llama-quantize and llama-bench: "
+                    "run `make llamacpp`")  # fmt: skip
     f16 = random_gguf.write(tmp_path / "tiny-f16.gguf", TINY, "tiny", 0,
                             made.source_dir / "gguf-py")  # fmt: skip
     q4 = tmp_path / "tiny-q4_k_m.gguf"
