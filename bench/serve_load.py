@@ -207,7 +207,6 @@ def measure_generate(args, batches: dict[int, list[list[list[int]]]]) -> list[Ro
 
 def table(rounds: list[Round]) -> str:
     by = {(r.server, r.clients): r for r in rounds}
-    counts = sorted({r.clients for r in rounds})
     lines = ["| server | clients | tok/s (aggregate) | TTFT mean s | TTFT max s | vs agentctx serve |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rounds:
@@ -215,7 +214,6 @@ def table(rounds: list[Round]) -> str:
         ratio = f"{r.tok_s / ours.tok_s:.2f}x" if ours else "-"
         lines.append(f"| {r.server} | {r.clients} | {r.tok_s:.1f} | {r.ttft_mean_s:.3f} | "
                      f"{r.ttft_max_s:.3f} | {ratio} |")  # fmt: skip
-    del counts
     return "\n".join(lines)
 
 
