@@ -7,6 +7,8 @@ REPO   ?= .
 MODEL  ?= qwen2.5-coder-0.5b
 # (the default model: agentctx/models.py DEFAULT_MODEL; SmolLM2 is installed too, for the tests)
 PYDIRS := agentctx engine kernels tools sessions bench tests scripts
+# pip keeps no second copy of what it installs (a fresh CI disk can be small)
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: setup ask test test-fast lint bench bench-cpu clean
 
