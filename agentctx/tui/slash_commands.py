@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from agentctx.tui.errors import user_errors
-from agentctx.tui.screens import SessionsScreen
+from agentctx.tui.sessions_screen import SessionsScreen
 
 HELP = """\
 **Commands**
