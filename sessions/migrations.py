@@ -141,7 +141,7 @@ def m003_message_token_ids(db: Database) -> None:
 
 # What a message is searched by: the question of a first turn (the packed repository or book
 # before "\nQuestion: " would make every session match its files' words), else the whole text.
-_SEARCHABLE = (
+SEARCHABLE = (
     "case when instr({c}, char(10) || 'Question: ') > 0"
     " then substr({c}, instr({c}, char(10) || 'Question: ') + 11) else {c} end"
 )
@@ -151,15 +151,15 @@ _SEARCHED_ROLES = "('user', 'assistant')"
 @migration
 def m004_message_search(db: Database) -> None:
     # Full-text search of questions and answers (SQLite FTS5, contentless: the text stays in
-    # messages; the index holds only what _SEARCHABLE takes), kept current by triggers, so
+    # messages; the index holds only what SEARCHABLE takes), kept current by triggers, so
     # every writer (turns, streaming updates, imports, cascaded deletes) keeps it whole.
-    new, old = _SEARCHABLE.format(c="new.content"), _SEARCHABLE.format(c="old.content")
+    new, old = SEARCHABLE.format(c="new.content"), SEARCHABLE.format(c="old.content")
     forget = (f"insert into messages_fts (messages_fts, rowid, text) "
               f"values ('delete', old.id, {old});")  # fmt: skip
     _run(
         db,
         "create virtual table messages_fts using fts5 (text, content='')",
-        f"insert into messages_fts (rowid, text) select id, {_SEARCHABLE.format(c='content')} "
+        f"insert into messages_fts (rowid, text) select id, {SEARCHABLE.format(c='content')} "
         f"from messages where role in {_SEARCHED_ROLES}",
         f"create trigger messages_fts_insert after insert on messages when new.role in "
         f"{_SEARCHED_ROLES} begin insert into messages_fts (rowid, text) values (new.id, {new}); end",

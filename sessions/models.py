@@ -38,6 +38,14 @@ class Session:
     updated: str
     title: str | None = None
     message_count: int = 0
+    turns: int = 0  # questions asked
+    first_question: str | None = None  # the first question's start, for lists
+
+    @property
+    def label(self) -> str:
+        """What a list calls the session: its title, else its first question, else its name."""
+        question = " ".join((self.first_question or "").split())
+        return self.title or question or self.name or ""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Session:
@@ -51,6 +59,8 @@ class Session:
             updated=row["updated"],
             title=row.get("title"),
             message_count=row.get("message_count", 0),
+            turns=row.get("turns", 0),
+            first_question=row.get("first_question"),
         )
 
 

@@ -10,10 +10,18 @@ from sessions.connection import Table
 from sessions.database import store_errors
 from sessions.errors import SessionError, SessionNotFound
 from sessions.identifiers import ID_PATTERN, check_name, new_session_id, utc_now
+from sessions.migrations import SEARCHABLE
 from sessions.models import ROOT_KINDS, Session, check_choice
 
-_SESSION_SELECT = """
-select s.*, (select count(*) from messages m where m.session_id = s.id) as message_count
+# the first question: the first user message without the packed files before it
+_FIRST_QUESTION = (
+    f"(select substr({SEARCHABLE.format(c='m.content')}, 1, 200) from messages m"
+    " where m.session_id = s.id and m.role = 'user' order by m.seq limit 1)"
+)
+_SESSION_SELECT = f"""
+select s.*, (select count(*) from messages m where m.session_id = s.id) as message_count,
+(select count(*) from messages m where m.session_id = s.id and m.role = 'user') as turns,
+{_FIRST_QUESTION} as first_question
 from sessions s
 """
 

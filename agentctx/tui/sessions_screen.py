@@ -20,32 +20,71 @@ if TYPE_CHECKING:
 
 
 class SessionsScreen(Screen):
+    """Every session, newest first: its title, what it reads, its model, its turns and its
+    last use; ● marks the current one. `/` filters the rows by title, name or repository."""
+
     app: AgentApp
     BINDINGS = [
-        Binding("escape", "app.pop_screen", "Back"),
+        Binding("escape", "back", "Back"),
+        Binding("slash", "filter", "Filter"),
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
     ]
 
     def compose(self) -> ComposeResult:
-        yield Label("Sessions  (Enter resume · r rename · d delete · Esc back)", id="title")
+        yield Label(
+            "Sessions  (Enter resume · / filter · r rename · d delete · Esc back)", id="title"
+        )
+        yield Input(placeholder="filter: title, name or repository", id="filter")
         yield DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#filter").display = False
         table = self.query_one(DataTable)
-        table.add_columns("id", "name", "updated", "messages")
+        table.add_columns(" ", "title", "reads", "model", "turns", "last use", "id")
         self.reload()
         table.focus()
 
     def reload(self) -> None:
+        """The rows again from the store, the filter kept."""
+        self.all = self.app.sessions.list()
+        self.show(self.query_one("#filter", Input).value)
+
+    def show(self, text: str) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        for s in self.app.sessions.list():
-            updated = s.updated[:16].replace("T", " ")
+        current = self.app.session.id if self.app.session is not None else None
+        for s in self.all:
+            if text and not _matches(s, text):
+                continue
             # Text cells: a plain str is read as Rich markup ("[/]" in a name crashed this)
-            cells = (s.id, s.name or "", updated, str(s.message_count))
+            cells = ("●" if s.id == current else "", _cut(s.label, 40), _reads(s), s.model,
+                     str(s.turns), s.updated[:16].replace("T", " "), s.id)  # fmt: skip
             table.add_row(*(Text(c) for c in cells), key=s.id)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def filtered(self, event: Input.Changed) -> None:
+        self.show(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def filter_done(self, event: Input.Submitted) -> None:
+        self.query_one(DataTable).focus()
+
+    def action_back(self) -> None:
+        """Esc: out of the filter (cleared) first, then back to the chat."""
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.value, box.display = "", False
+            self.show("")
+            self.query_one(DataTable).focus()
+        else:
+            self.app.pop_screen()
 
     def selected(self) -> str | None:
         table = self.query_one(DataTable)
@@ -138,3 +177,20 @@ class RenameScreen(ModalScreen[str | None]):
     @on(Input.Submitted, "#name")
     def submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
+
+
+def _matches(s, text: str) -> bool:
+    wanted = text.casefold()
+    return any(wanted in (v or "").casefold() for v in (s.label, s.name, s.title, s.root))
+
+
+def _reads(s) -> str:
+    """The repository's folder name, or "book: FILE"."""
+    from pathlib import Path
+
+    name = Path(s.root).name if s.root else ""
+    return f"book: {name}" if s.root_kind == "book" else name
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
