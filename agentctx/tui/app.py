@@ -27,7 +27,7 @@ class AgentApp(App):
     CSS = """
     #meter { dock: top; height: 1; background: $panel; color: $text-muted; padding: 0 1; }
     #log { height: 1fr; padding: 0 1; }
-    #prompt { dock: bottom; }
+    #prompt { height: auto; max-height: 8; }  /* grows with its lines, under the log */
     .user { margin: 1 0 0 0; color: $accent; text-style: bold; }
     .assistant { margin: 0; padding: 0; }
     .assistant.interrupted { border-left: thick $warning; }
