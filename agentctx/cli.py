@@ -77,18 +77,15 @@ def cli(ctx: click.Context) -> None:
     "--json", "as_json", is_flag=True, help="JSON lines on stdout: progress, tokens, usage."
 )
 @click.option("--no-save", is_flag=True, help="Do not store this turn.")
-@click.option(
-    "--max-tokens", default=400, show_default=True, type=click.IntRange(1), help="Longest answer."
-)
-@click.option(
-    "--temperature", default=0.0, show_default=True, type=FiniteFloat(0), help="0 is greedy."
-)
+# (the sampling flags default to a resumed session's /set settings, else config.json's
+# "sampling", else agentctx.sampling_settings.DEFAULTS)
+@click.option("--max-tokens", type=click.IntRange(1), help="Longest answer (default: 400).")
+@click.option("--temperature", type=FiniteFloat(0), help="0 (the default) is greedy.")
 @click.option(
     "--repeat-penalty",
-    default=1.1,
-    show_default=True,
     type=FiniteFloat(min=0, min_open=True),
-    help="Above 1 discourages repeating the answer's own tokens (small models loop without it).",
+    help="Above 1 discourages repeating the answer's own tokens (small models loop without "
+    "it; default: 1.1).",
 )
 @click.option(
     "--context-tokens",
@@ -103,10 +100,9 @@ def cli(ctx: click.Context) -> None:
 )
 @click.option(
     "--max-steps",
-    default=DEFAULT_MAX_STEPS,
-    show_default=True,
     type=click.IntRange(0),
-    help="Most tool-calling steps in one turn, for models whose template takes tools (0: none).",
+    help="Most tool-calling steps in one turn, for models whose template takes tools (0: none; "
+    f"default: {DEFAULT_MAX_STEPS}).",
 )
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
 @click.option(
@@ -190,12 +186,14 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
                 if not as_json:
                     output.info("loading model...")
                 chosen = _load_backend(model, device=device, weights=weights, config=config)
-        from engine import SamplingParams  # (torch: after what can fail at once)
+        from agentctx.sampling_settings import config_settings, resolve, stored
 
         convo = Conversation(chosen)
-        params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, repetition_penalty=repeat_penalty
-        )
+        flags = {"max_tokens": max_tokens, "temperature": temperature,
+                 "repetition_penalty": repeat_penalty, "max_steps": max_steps}  # fmt: skip
+        given = {k: v for k, v in flags.items() if v is not None}
+        # (torch: after what can fail at once)
+        params, max_steps = resolve(config_settings(), stored(session), given)
         turn = Turn(question, root, kind, session=session, name=session_ref, model=model,
                     params=params, max_steps=max_steps)  # fmt: skip
         history = history_messages(store, session.id) if session is not None else None

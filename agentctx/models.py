@@ -43,6 +43,13 @@ def load_config() -> dict:
         raise ToolError(f'bad config {path}: "aliases" must map names to model names or paths')
     if not isinstance(data.get("default_model", ""), str):
         raise ToolError(f'bad config {path}: "default_model" must be a model name or path')
+    if "sampling" in data:
+        from agentctx.sampling_settings import checked
+
+        try:
+            data["sampling"] = checked(data["sampling"], '"sampling"')
+        except ValueError as e:
+            raise ToolError(f"bad config {path}: {e}") from None
     return data
 
 

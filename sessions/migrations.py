@@ -169,3 +169,9 @@ def m004_message_search(db: Database) -> None:
         f"{_SEARCHED_ROLES} begin {forget} insert into messages_fts (rowid, text) "
         f"values (new.id, {new}); end",
     )
+
+
+@migration
+def m005_session_settings(db: Database) -> None:
+    # A session's sampling settings as the TUI's /set changed them (JSON), restored on resume.
+    db.execute("alter table sessions add column settings text")

@@ -40,6 +40,7 @@ class Session:
     message_count: int = 0
     turns: int = 0  # questions asked
     first_question: str | None = None  # the first question's start, for lists
+    settings: dict[str, Any] | None = None  # sampling settings changed by /set
 
     @property
     def label(self) -> str:
@@ -61,6 +62,7 @@ class Session:
             message_count=row.get("message_count", 0),
             turns=row.get("turns", 0),
             first_question=row.get("first_question"),
+            settings=_json(row.get("settings"), None),
         )
 
 

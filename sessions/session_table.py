@@ -11,7 +11,7 @@ from sessions.database import store_errors
 from sessions.errors import SessionError, SessionNotFound
 from sessions.identifiers import ID_PATTERN, check_name, new_session_id, utc_now
 from sessions.migrations import SEARCHABLE
-from sessions.models import ROOT_KINDS, Session, check_choice
+from sessions.models import ROOT_KINDS, Session, check_choice, to_json
 
 # the first question: the first user message without the packed files before it
 _FIRST_QUESTION = (
@@ -116,6 +116,16 @@ class SessionTable(Table):
             self.db.execute(
                 "update sessions set title = ?, updated = ? where id = ?",
                 [title, utc_now(), session.id],
+            )
+        return self.get(session.id)
+
+    @store_errors
+    def set_settings(self, ref: str, settings: dict[str, Any] | None) -> Session:
+        """Store the session's sampling settings (None: none); its last use does not change."""
+        with self.transaction():
+            session = self.get(ref)
+            self.db.execute(
+                "update sessions set settings = ? where id = ?", [to_json(settings), session.id]
             )
         return self.get(session.id)
 

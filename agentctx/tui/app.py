@@ -12,9 +12,9 @@ from typing import Any
 
 from textual.app import App
 
-from agentctx.agent import DEFAULT_MAX_STEPS
 from agentctx.tui.errors import user_errors
 from agentctx.tui.screens import ChatScreen
+from agentctx.tui.session_settings import SessionSettings
 from agentctx.tui.slash_commands import SlashCommands
 from agentctx.tui.state import SessionService
 from agentctx.tui.turns import TurnRunner
@@ -54,7 +54,7 @@ class AgentApp(App):
         resume: str | None = None,
     ) -> None:
         super().__init__()
-        from engine import SamplingParams
+        from agentctx.sampling_settings import config_settings, resolve
 
         self.repo = repo  # what the next new session reads (None: the current directory)
         self.kind = kind  # "repo", or "book" (tui --book, /book FILE)
@@ -71,9 +71,11 @@ class AgentApp(App):
             # a short wait for a store another agentctx holds: the UI thread waits on it
             store = SessionStore(busy_timeout_ms=STORE_WAIT_MS)
         self.sessions = SessionService(store)
-        # a light repetition penalty: the 135M default model loops without it
-        self.params = params or SamplingParams(max_tokens=400, repetition_penalty=1.1)
-        self.max_steps = DEFAULT_MAX_STEPS  # tool steps a turn may take (tool-capable models)
+        # config.json's "sampling" over the defaults (a light repetition penalty: the 135M
+        # model loops without it); max_steps: tool steps a turn may take (tool-capable models)
+        defaults, self.max_steps = resolve(config_settings())
+        self.params = params or defaults
+        self.sampling = SessionSettings(self)  # with the session's /set changes on top
         self.session = None  # the current stored session; None: the next question starts one
         self.busy = False
         self.streaming = False  # the answer's first token has arrived
@@ -129,6 +131,7 @@ class AgentApp(App):
             self.chat.show_messages(
                 self.sessions.messages(self.session.id), self.sessions.tool_calls(self.session.id)
             )
+            self.sampling.restore(target)
         except user_errors() as e:
             self.chat.add_line(str(e), "error")
         else:
@@ -175,6 +178,7 @@ class AgentApp(App):
         self.turns.drop_unsaved()
         self.turns.close_session()
         self.session = None
+        self.sampling.reset()
         self.chat.clear()
         self._update_label()
 

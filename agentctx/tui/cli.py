@@ -40,6 +40,9 @@ def tui(repo: str, book: str | None, model: str | None, cont: bool, session_ref:
     if api_key_env is not None and backend is None:
         raise click.UsageError("--api-key-env is for a --backend")
     config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
+    from agentctx.models import load_config
+
+    run(load_config)  # a bad config.json (its "sampling" too): one line, before the TUI starts
     root, kind = run(lambda: _root(repo, book))
     resume = run(lambda: _session_to_resume(cont, session_ref))
     extra = {"kind": kind, "resume": resume}

@@ -104,47 +104,29 @@ class SlashCommands:
         self.app.turns.load_model(arg)
 
     def cmd_set(self, arg: str) -> None:
-        import dataclasses
+        """/set NAME VALUE: a sampling setting for the next answers, stored with the session
+        (agentctx.sampling_settings checks it, as it does config.json's)."""
+        from agentctx.sampling_settings import describe, parse
 
         key, _, value = arg.partition(" ")
-        key = key.replace("-", "_")
         if not key:
-            p = self.app.params
-            self.app.chat.add_line(
-                f"temperature {p.temperature} · top_p {p.top_p} · top_k {p.top_k} · "
-                f"max_tokens {p.max_tokens} · repeat_penalty {p.repetition_penalty} · "
-                f"seed {p.seed} · steps {self.app.max_steps}; /set NAME VALUE changes one"
-            )
-            return
-        names = {"repeat_penalty": "repetition_penalty", "steps": "max_steps"}
-        field_name = names.get(key, key)
-        kinds = {"temperature": float, "top_p": float, "repetition_penalty": float,
-                 "top_k": int, "max_tokens": int, "seed": int, "max_steps": int}  # fmt: skip
-        if field_name not in kinds:
-            self.app.chat.add_line(
-                f"/set: unknown option {key}; options: {', '.join(kinds)}", "error"
-            )
+            line = describe(self.app.params, self.app.max_steps)
+            self.app.chat.add_line(f"{line}; /set NAME VALUE changes one")
             return
         try:
-            if field_name == "seed" and value.strip().lower() in ("none", "off"):
-                # back to a fresh random seed per answer
-                self.app.params = dataclasses.replace(self.app.params, seed=None)
-                self.app.chat.add_line(f"{key} = none")
-                return
-            number = kinds[field_name](value)
+            field, number = parse(key, value)
             window = getattr(self.app.engine, "max_model_len", None)
-            if field_name == "max_steps":
-                if number < 0:
-                    raise ValueError("steps must be 0 or more")
-                self.app.max_steps = number
-            elif field_name == "max_tokens" and window and number >= window:
+            if field == "max_tokens" and window and number >= window:
                 raise ValueError(f"must be less than the model's {window}-token window")
-            else:
-                self.app.params = dataclasses.replace(self.app.params, **{field_name: number})
         except ValueError as e:
             self.app.chat.add_line(f"/set {key}: {e}", "error")
             return
-        self.app.chat.add_line(f"{key} = {number}")
+        try:
+            self.app.sampling.set(field, number)
+        except user_errors() as e:  # used from now on; the store refused to keep it
+            self.app.chat.add_line(f"{key} = {number} (not stored with the session: {e})")
+            return
+        self.app.chat.add_line(f"{key} = {'none' if number is None else number}")
 
     def cmd_context(self, arg: str) -> None:
         if self.app.session is None:

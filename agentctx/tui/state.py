@@ -45,6 +45,10 @@ class SessionService:
     def delete(self, ref: str) -> Session:
         return self.store.delete(ref)
 
+    def keep_settings(self, session_id: str, settings: dict) -> None:
+        """Store a session's /set changes with it."""
+        self.store.session_table.set_settings(session_id, settings)
+
     def export(self, ref: str, target: str | None = None) -> Path:
         """Write the session to `target`: a file (a .md name: a Markdown transcript, else
         JSON Lines), or a folder (default: the current one) where it is SESSION_ID.jsonl,

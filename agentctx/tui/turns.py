@@ -158,6 +158,10 @@ class TurnRunner:
                               "the next question", "error")  # fmt: skip
             return None
         self.unsaved = None
+        try:
+            app.sampling.stored(app.session)
+        except user_errors() as e:  # the turn is stored; only the /set changes are not
+            app.chat.add_line(f"this session's settings were not stored: {e}", "error")
         return app.session
 
     def store_unsaved(self) -> bool:

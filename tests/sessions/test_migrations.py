@@ -15,6 +15,7 @@ def test_fresh_database_gets_all(tmp_path):
         "m002_session_title",
         "m003_message_token_ids",
         "m004_message_search",
+        "m005_session_settings",
     ]
     assert {"sessions", "messages", "tool_calls", "manifests", "_migrations"} <= set(
         db.table_names()
@@ -67,6 +68,7 @@ def test_database_from_previous_schema_keeps_its_data(tmp_path):
             "m002_session_title",
             "m003_message_token_ids",
             "m004_message_search",
+            "m005_session_settings",
         ]
         assert [x.id for x in store.list(search="old days")] == ["s-000001"]  # indexed too
         # The new column works, and the old data can grow.
