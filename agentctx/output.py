@@ -65,44 +65,51 @@ class TextOutput:
                 "--max-tokens limit: ask again with a larger one for the rest]"
             )
         if usage.get("prompt_tokens") is not None:
-            self.progress.line(
-                f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "
-                f"time to first token {usage['ttft_s']:.2f} s ({usage['prefill_tok_s']:,.0f} tok/s prefill), "
-                f"{usage['completion_tokens']} tokens at {usage['decode_tok_s']:.1f} tok/s"
-                + (
-                    f"; sparse: {usage['selected_pages_per_step']:.0f} pages per layer-step, "
-                    f"{usage['fetch_fraction']:.1%} fetched from the host"
-                    if usage.get("selected_pages_per_step")
-                    else ""
-                )
-                + (
-                    f"; forecast recall {usage['forecast_recall']:.0%}, "
-                    f"{usage['prefetch_fraction'] or 0:.0%} of needed fetches done ahead"
-                    if usage.get("forecast_recall") is not None
-                    else ""
-                )
-                + prefetch_summary(usage.get("prefetch"))
-                + (
-                    f"; speculation: {usage['speculation']['mean_accepted']:.2f} tokens per "
-                    f"verification, {usage['speculation']['acceptance_rate']:.0%} of drafts "
-                    "accepted"
-                    if usage.get("speculation")
-                    else ""
-                )
-                + (
-                    f"; tool calls: {usage['tool_calls']} made, {usage['tool_calls_parsed']} "
-                    f"parsed, {usage['tool_calls_succeeded']} succeeded, "
-                    f"{usage['tool_calls_malformed']} malformed"
-                    + (
-                        f", {n} run as the tool their arguments fit"
-                        if (n := usage.get("tool_calls_repaired"))
-                        else ""
-                    )  # fmt: skip
-                    if "tool_calls_parsed" in usage
-                    else ""
-                )
-                + (f"; session {usage['session']}" if usage.get("session") else "")
-            )
+            self.progress.line(usage_summary(usage))
+
+
+def usage_summary(usage: dict) -> str:
+    """The summary line of a turn's usage record: context and reuse, time to first token,
+    tokens and their rate, then what the sparse cache, the prefetch, speculation and
+    tool calls did (ask prints it on stderr, the TUI after each answer)."""
+    return (
+        f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "
+        f"time to first token {usage['ttft_s']:.2f} s ({usage['prefill_tok_s']:,.0f} tok/s prefill), "
+        f"{usage['completion_tokens']} tokens at {usage['decode_tok_s']:.1f} tok/s"
+        + (
+            f"; sparse: {usage['selected_pages_per_step']:.0f} pages per layer-step, "
+            f"{usage['fetch_fraction']:.1%} fetched from the host"
+            if usage.get("selected_pages_per_step")
+            else ""
+        )
+        + (
+            f"; forecast recall {usage['forecast_recall']:.0%}, "
+            f"{usage['prefetch_fraction'] or 0:.0%} of needed fetches done ahead"
+            if usage.get("forecast_recall") is not None
+            else ""
+        )
+        + prefetch_summary(usage.get("prefetch"))
+        + (
+            f"; speculative decoding: {usage['speculation']['mean_accepted']:.2f} tokens a "
+            f"model step, {usage['speculation']['acceptance_rate']:.0%} of the guessed "
+            "tokens kept"
+            if usage.get("speculation")
+            else ""
+        )
+        + (
+            f"; tool calls: {usage['tool_calls']} made, {usage['tool_calls_parsed']} "
+            f"parsed, {usage['tool_calls_succeeded']} succeeded, "
+            f"{usage['tool_calls_malformed']} malformed"
+            + (
+                f", {n} run as the tool their arguments fit"
+                if (n := usage.get("tool_calls_repaired"))
+                else ""
+            )  # fmt: skip
+            if "tool_calls_parsed" in usage
+            else ""
+        )
+        + (f"; session {usage['session']}" if usage.get("session") else "")
+    )
 
 
 def prefetch_summary(state: dict | None) -> str:

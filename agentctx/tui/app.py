@@ -25,13 +25,15 @@ STORE_WAIT_MS = 2000  # how long the UI waits for a store another agentctx is wr
 class AgentApp(App):
     TITLE = "agentctx"
     CSS = """
-    #meter { dock: top; height: 1; background: $panel; color: $text-muted; padding: 0 1; }
+    #header { dock: top; height: auto; background: $panel; }
+    #phase { width: auto; max-width: 45%; padding: 0 1; color: $accent; text-style: bold; }
+    #meter { width: 1fr; height: auto; color: $text-muted; padding: 0 1; }
     #log { height: 1fr; padding: 0 1; }
     #prompt { height: auto; max-height: 8; }  /* grows with its lines, under the log */
     .user { margin: 1 0 0 0; color: $accent; text-style: bold; }
     .assistant { margin: 0; padding: 0; }
     .assistant.interrupted { border-left: thick $warning; }
-    .info { color: $text-muted; }
+    .info, .summary { color: $text-muted; }
     .tool { margin: 0; padding: 0; border: none; background: $boost; }
     .tool-error CollapsibleTitle { color: $error; }
     .tool-output { color: $text-muted; }

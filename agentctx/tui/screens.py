@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer
 
@@ -23,6 +24,7 @@ from agentctx.tui.turn_messages import (
     ToolCalled,
     TurnFinished,
 )
+from agentctx.tui.turn_status import TurnStatus
 from agentctx.tui.turn_view import TurnView
 from agentctx.tui.widgets import ContextMeter
 
@@ -53,11 +55,14 @@ class ChatScreen(TurnView, Screen):
     def __init__(self) -> None:
         super().__init__()
         self.meter = ContextMeter(id="meter")
+        self.status = TurnStatus(id="phase")
         self.log_view = ChatLog(id="log")
         self.prompt = PromptInput(completer=self.complete, id="prompt", placeholder=PLACEHOLDER)
 
     def compose(self) -> ComposeResult:
-        yield self.meter
+        with Horizontal(id="header"):
+            yield self.status
+            yield self.meter
         yield self.log_view
         yield self.prompt
         yield Footer()
@@ -73,7 +78,9 @@ class ChatScreen(TurnView, Screen):
         self.prompt.sent.reset()
 
     def add_user(self, text: str) -> None:
+        """A question asked: its turn starts."""
         self.log_view.add_user(text)
+        self.status.start()
 
     def add_line(self, text: str, kind: str = "info", markdown: bool = False) -> None:
         self.log_view.add_line(text, kind, markdown)

@@ -18,11 +18,20 @@ class PrefillUpdate(Message):
 
 
 class AnswerUpdate(Message):
-    """The whole answer so far (throttled by the sender)."""
+    """The whole answer so far (throttled by the sender), with the tokens streamed so far in
+    this step and their rate."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, tokens: int = 0, tok_s: float = 0.0) -> None:
         super().__init__()
-        self.text = text
+        self.text, self.tokens, self.tok_s = text, tokens, tok_s
+
+
+class PhaseUpdate(Message):
+    """What the turn does now, in a few words ("tool read_file", say)."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__()
+        self.phase = phase
 
 
 class ToolCalled(Message):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual.content import Content
 from textual.widgets import Collapsible, Markdown, Static
 
 
@@ -47,22 +48,26 @@ class LogLine(Static):
 
 
 class ContextMeter(Static):
-    """ "context T / W tokens · reused R · on GPU G · on host H", plus prefill progress
-    (G and H: tokens of KV in each tier, from engine.kv_stats; "—" before the first turn),
-    and, when the last turn speculated, the tokens each verification gave; with a Forecast,
-    whether it prefetches now."""
+    """ "context T / W tokens · reused R", amber from 80% of the window and red from 95%;
+    where the KV lives when that says something (on a GPU, or in a tiered cache: G and H,
+    tokens of KV on the GPU and on the host, from engine.kv_stats), the tokens each
+    speculative step gave, whether a Forecast prefetches; then the label (the session).
+    T moves while a turn prefills and streams; a turn that fails leaves the last good T."""
+
+    HIGH, FULL = 0.80, 0.95  # shares of the window shown amber, red
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
         self.tokens: int | None = None
         self.window: int | None = None
         self.reused: int | None = None
-        self.prefill: str = ""
         self.label: str = ""
         self.gpu: int | None = None  # tokens of KV on the GPU / on the host (engine.kv_stats)
         self.host: int | None = None
         self.spec: dict | None = None  # the last turn's speculation usage, if any
         self.prefetch: dict | None = None  # the Forecast prefetch's state, if a forecast runs
+        self.good: int | None = None  # the last figure a finished turn gave
+        self.prompt: int | None = None  # the running turn's prompt tokens, once prefilling
 
     def on_mount(self) -> None:
         self.refresh_text()
@@ -71,40 +76,56 @@ class ContextMeter(Static):
         """After a turn (or on resume); None clears it."""
         usage = usage or {}
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        self.tokens = None if prompt is None else prompt + (completion or 0)
+        self.tokens = self.good = None if prompt is None else prompt + (completion or 0)
         self.reused = usage.get("cached_tokens")
         self.gpu, self.host = usage.get("gpu_tokens"), usage.get("host_tokens")
         self.spec = usage.get("speculation")
         self.prefetch = usage.get("prefetch")
         self.window = window if window is not None else self.window
-        self.prefill = ""
+        self.prompt = None
         self.refresh_text()
 
-    def set_prefill(self, done: int, total: int, tok_s: float, window: int | None = None) -> None:
-        pct = 100 * done // max(total, 1)
-        self.tokens = done  # the context grows as the prompt is prefilled
+    def set_prefill(self, done: int, total: int, window: int | None = None) -> None:
+        """The context grows as the prompt is prefilled."""
+        self.tokens, self.prompt = done, total
         self.window = window if window is not None else self.window
-        self.prefill = "" if done >= total else f"prefill {pct}% · {tok_s:,.0f} tok/s"
+        self.refresh_text()
+
+    def set_streamed(self, completion: int) -> None:
+        """The answer's tokens so far, on top of the prompt."""
+        if self.prompt is not None:
+            self.tokens = self.prompt + completion
+            self.refresh_text()
+
+    def keep_last_good(self) -> None:
+        """The turn failed: back to the figure of the last turn that ended."""
+        self.tokens, self.prompt = self.good, None
         self.refresh_text()
 
     def set_label(self, label: str) -> None:
         self.label = label
         self.refresh_text()
 
+    @property
+    def fill(self) -> float:
+        return (self.tokens or 0) / self.window if self.window else 0.0
+
     def refresh_text(self) -> None:
         def n(v: int | None) -> str:
             return "—" if v is None else f"{v:,}"
 
-        text = (
-            f"context {n(self.tokens)} / {n(self.window)} tokens · reused {n(self.reused)}"
-            f" · on GPU {n(self.gpu)} · on host {n(self.host)}"
-        )
+        fill = self.fill
+        self.set_class(self.HIGH <= fill < self.FULL, "-high")
+        self.set_class(fill >= self.FULL, "-full")
+        style = "bold $error" if fill >= self.FULL else "bold $warning" if fill >= self.HIGH else ""
+        rest = f" · reused {n(self.reused)}"
+        if self.gpu:  # (a dense cache on the CPU has nothing on a GPU: nothing to say)
+            rest += f" · on GPU {n(self.gpu)} · on host {n(self.host)}"
         if self.spec:
-            text += f" · {self.spec['mean_accepted']:.1f} tokens per verification"
+            rest += f" · speculative decoding: {self.spec['mean_accepted']:.1f} tokens a step"
         if self.prefetch:
-            text += f" · prefetch {'on' if self.prefetch['on'] else 'off'}"
-        if self.prefill:
-            text += f"  │  {self.prefill}"
+            rest += f" · prefetch {'on' if self.prefetch['on'] else 'off'}"
         if self.label:
-            text = f"{self.label}  │  {text}"
-        self.update(text)
+            rest += f"  │  {self.label}"
+        figure = f"context {n(self.tokens)} / {n(self.window)} tokens"
+        self.update(Content.assemble((figure, style), rest))

@@ -1,0 +1,138 @@
+"""The chat's header while a turn runs and after it, and the layout at two sizes, driven
+with Pilot. Turns run on a slow scripted engine (tests/app/slow_scripted.py: the real
+tokenizer and chat template, scripted replies, a delay before each event) over a real
+SessionStore and a real git repository."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from agentctx.tui.app import AgentApp
+from agentctx.tui.widgets import ContextMeter, LogLine
+from sessions.store import SessionStore
+from tests.app.slow_scripted import SlowEngine
+from tests.app.tool_templates import HERMES
+
+SIZE = (100, 30)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(agentctx_home):
+    from transformers import AutoTokenizer
+
+    from engine.loading.loader import resolve_source
+
+    return AutoTokenizer.from_pretrained(resolve_source(None).path)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with SessionStore(tmp_path / "sessions.db") as s:
+        yield s
+
+
+def slow_app(tokenizer, repo, store, replies, delay=0.1) -> tuple[AgentApp, SlowEngine]:
+    engine = SlowEngine(tokenizer, HERMES, replies, delay=delay)
+    return AgentApp(repo=str(repo), engine_factory=lambda m: engine, store=store), engine
+
+
+async def ask(pilot, text: str) -> list[tuple[str, int | None]]:
+    """Ask, and watch the header: (phase, meter tokens) as they change, until the turn ends."""
+    watching = asyncio.create_task(watch(pilot.app))
+    pilot.app.screen.query_one("#prompt").value = text
+    await pilot.press("enter")
+    seen = await watching
+    await pilot.pause()
+    return seen
+
+
+async def watch(app, seconds: float = 60.0) -> list[tuple[str, int | None]]:
+    seen: list[tuple[str, int | None]] = []
+    end, started = time.monotonic() + seconds, False
+    while time.monotonic() < end:
+        screen = app.screen
+        now = (str(screen.status.render()) if screen.status.display else "", screen.meter.tokens)
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        started = started or app.busy
+        if started and not app.busy:
+            break
+        await asyncio.sleep(0.005)
+    return seen
+
+
+async def test_the_header_shows_the_running_turn_and_the_summary_follows(tokenizer, repo, store):
+    read = {"name": "read_file", "arguments": {"path": "calc.py"}}
+    replies = [f"<tool_call>{json.dumps(read)}</tool_call>", "add returns a + b, " * 6]
+    app, _ = slow_app(tokenizer, repo, store, replies)
+    async with app.run_test(size=SIZE) as pilot:
+        assert not app.screen.status.display  # between turns: no phase
+        seen = await ask(pilot, "What does add return?")
+        phases = [p for p, _ in seen]
+        assert any(p[:1] in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" and " prefill " in p and "/" in p for p in phases)
+        assert any(p.endswith("tool read_file") for p in phases)
+        decoding = [p for p in phases if " decoding · " in p]
+        assert decoding and "tokens · " in decoding[-1] and decoding[-1].endswith(" tok/s")
+        assert len({p[:1] for p in phases if p}) > 1  # the spinner turns
+        # the meter moves while the answer streams
+        streamed = [t for p, t in seen if " decoding · " in p]
+        assert len(set(streamed)) > 3 and streamed == sorted(streamed)
+        assert not app.screen.status.display  # the turn is over
+        # after the answer: ask's summary line (agentctx.output.usage_summary)
+        summary = str(app.screen.query(".summary").last().render())
+        assert "tokens in context (" in summary and "reused), time to first token " in summary
+        assert " tokens at " in summary and "tok/s" in summary
+
+
+async def test_a_failed_turn_keeps_the_meters_last_good_figure(tokenizer, repo, store):
+    app, engine = slow_app(tokenizer, repo, store, ["It adds.", "never shown"], delay=0.05)
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "What does add do?")
+        meter = app.screen.query_one(ContextMeter)
+        good = meter.tokens
+        assert good and good > 100
+        engine.fail_at = 1  # the next step's stream raises once prefill has begun
+        seen = await ask(pilot, "And sub?")
+        assert any(t != good for _, t in seen)  # (it moved while prefilling)
+        assert "the scripted engine failed" in str(app.screen.query(LogLine).last().render())
+        assert meter.tokens == good and f"context {good:,} / 8,192" in str(meter.render())
+        assert not app.screen.status.display
+
+
+async def test_the_meter_turns_amber_at_80_and_red_at_95_percent(tokenizer, repo, store):
+    app, _ = slow_app(tokenizer, repo, store, [])
+    async with app.run_test(size=SIZE) as pilot:
+        meter = app.screen.query_one(ContextMeter)
+        for tokens, high, full in ((6000, False, False), (6600, True, False), (7800, False, True)):
+            meter.set_usage({"prompt_tokens": tokens, "completion_tokens": 0}, 8192)
+            await pilot.pause()
+            assert (meter.has_class("-high"), meter.has_class("-full")) == (high, full), tokens
+            style = meter.render().spans[0].style if meter.render().spans else ""
+            assert ("$warning" in str(style), "$error" in str(style)) == (high, full), tokens
+
+
+async def test_on_the_cpu_the_meter_leaves_out_gpu_figures(tokenizer, repo, store):
+    app, _ = slow_app(tokenizer, repo, store, [])
+    async with app.run_test(size=SIZE) as pilot:
+        meter = app.screen.query_one(ContextMeter)
+        assert "GPU" not in str(meter.render())  # nothing yet
+        cpu = {"prompt_tokens": 900, "completion_tokens": 10, "gpu_tokens": 0, "host_tokens": 912}
+        meter.set_usage(cpu, 8192)
+        await pilot.pause()
+        assert "GPU" not in str(meter.render()) and "host" not in str(meter.render())
+        meter.set_usage({**cpu, "gpu_tokens": 912, "host_tokens": 0}, 8192)
+        assert "on GPU 912" in str(meter.render())
+        spec = {"mean_accepted": 2.4, "acceptance_rate": 0.5}
+        meter.set_usage({**cpu, "speculation": spec}, 8192)
+        assert "speculative decoding: 2.4 tokens a step" in str(meter.render())
+        assert "verification" not in str(meter.render())
