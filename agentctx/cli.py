@@ -107,10 +107,11 @@ def cli(ctx: click.Context) -> None:
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
 @click.option(
     "--weights",
-    type=click.Choice(["auto", "dense", "int4"]),
+    type=click.Choice(["auto", "dense", "int4", "int4-all"]),
     default="auto",
     show_default=True,
-    help="int4: the GGUF's 4-bit blocks on the CPU (fast); dense: the exact reference.",
+    help="int4: the GGUF's quantized blocks on the CPU (fast); int4-all: every linear in 4 "
+    "bits (faster decode, less precise); dense: the exact reference.",
 )
 @click.option(
     "--backend",

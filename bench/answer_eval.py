@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--model", action="append", help="as `ask --model` (repeatable; default: default)"
     )
-    ap.add_argument("--weights", action="append", choices=["auto", "dense", "int4"],
+    ap.add_argument("--weights", action="append", choices=["auto", "dense", "int4", "int4-all"],
                     help="weights modes to run each model in (repeatable; default auto)")  # fmt: skip
     ap.add_argument("--device", default="auto")
     ap.add_argument("--context-tokens", type=int, default=None, help="cap on packed tokens")

@@ -75,7 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", default=".")
     ap.add_argument("--book", default="../shared/data/books/pride_and_prejudice.txt")
-    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4"])
+    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4", "int4-all"])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=["off", "lookup", "self", "draft"])
     ap.add_argument("--json")

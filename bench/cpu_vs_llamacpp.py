@@ -1,7 +1,7 @@
 """Our CPU engine against llama.cpp on the same GGUF, in the same run, with the same threads:
 decode tok/s at 512 and 16K tokens of context, prefill tok/s at 4K and 16K.
 
-    python -m bench.cpu_vs_llamacpp --model PATH.gguf|NAME [--threads 2] [--weights dense int4]
+    python -m bench.cpu_vs_llamacpp --model PATH.gguf|NAME [--threads 2] [--weights dense int4 int4-all]
         [--new-tokens 32] [--reps 1] [--json OUT.json]
 
 llama.cpp: the CPU build of bench.peers.llamacpp (`make llamacpp`), `llama-bench -t T -p 0 -n N
@@ -168,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--log", help="append llama-bench's own output here")
     args = ap.parse_args(argv)
-    bad = [m for m in args.weights if m not in ("dense", "int4")]
+    bad = [m for m in args.weights if m not in ("dense", "int4", "int4-all")]
     if bad:
-        print(f"error: unknown weights mode {bad[0]!r}; use dense and/or int4", file=sys.stderr)
+        print(
+            f"error: unknown weights mode {bad[0]!r}; use dense, int4 or int4-all", file=sys.stderr
+        )
         return 1
     try:
         model = gguf_file(args.model)

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="as for agentctx serve --model")
     ap.add_argument("--gguf", help="the GGUF llama-server loads (default: --model's file)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4"])
+    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4", "int4-all"])
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=64)

@@ -120,7 +120,7 @@ def ask_one(engine, root, question, args, number):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4"])
+    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4", "int4-all"])
     ap.add_argument("-n", type=int, default=len(CASES), help="questions to ask (at most 8)")
     ap.add_argument("--context-tokens", type=int, default=150)
     ap.add_argument("--max-tokens", type=int, default=120)

@@ -28,7 +28,7 @@ from agentctx.engine_options import engine_config, kv_options
 @click.option("--shutdown-timeout", default=10.0, show_default=True, type=click.FloatRange(0),
               help="Seconds SIGTERM waits for running requests before cancelling them.")  # fmt: skip
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
-@click.option("--weights", type=click.Choice(["auto", "dense", "int4"]), default="auto",
+@click.option("--weights", type=click.Choice(["auto", "dense", "int4", "int4-all"]), default="auto",
               show_default=True, help="As for `agentctx ask`.")  # fmt: skip
 @kv_options
 def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, weights, sparse,

@@ -153,29 +153,39 @@ class Int8Linear(QuantLinear):
         max_tokens: int | None = None,
     ):
         N, K = q.shape
-        # the AVX2 kernel steps K by 8 and loads activations 16-byte aligned
+        # the AVX2 kernel steps K by 8
         if q.dtype != torch.int8 or scale.shape != (N,) or K % 8:
             raise ValueError(
                 f"bad int8 weight: q {tuple(q.shape)} {q.dtype}, scale {tuple(scale.shape)}; "
                 "K must be a multiple of 8"
             )
         super().__init__(N, K, bias, dense, max_tokens)
+        # the kernel's AVX-512 build reads both 64-byte aligned (a safetensors view of the
+        # rows may sit anywhere: it segfaulted at 4 bytes past a 64-byte line)
         self.q: torch.Tensor
-        self.register_buffer("q", q.contiguous())
+        self.register_buffer("q", _aligned(q.contiguous()))
         self.scale: torch.Tensor
-        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.register_buffer("scale", _aligned(scale.to(torch.bfloat16).contiguous()))
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        if x.data_ptr() % 16:  # a view into a bf16 buffer: the kernel would crash
-            x = x.clone()
-        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+        # a view into a bf16 buffer: the kernel would crash (it needs 16-byte aligned rows on
+        # AVX2 and 64-byte aligned ones on AVX-512)
+        return torch.ops.aten._weight_int8pack_mm(_aligned(x), self.q, self.scale)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it starting on a 64-byte boundary (torch allocates CPU tensors so)."""
+    return t.clone() if t.data_ptr() % 64 else t
 
 
 QUANT_LINEARS = (Int4Linear, Int8Linear)
 
 
 def load_quantized(
-    model: CausalLM, directory: Path, dense_dtype: torch.dtype | None = torch.float32
+    model: CausalLM,
+    directory: Path,
+    dense_dtype: torch.dtype | None = torch.float32,
+    all_int4: bool = False,
 ) -> int:
     """Replace every layer's qkv_proj, o_proj, gate_up_proj and down_proj with a quantized
     linear from directory's Q4_FILE and Q8_FILE (written by engine.loading.gguf_checkpoint):
@@ -187,6 +197,8 @@ def load_quantized(
 
     dense_dtype: keep each weight also densely in this dtype (the loaded fp32 one, or a bf16
     copy) for prefill chunks, where the quantized kernels are slower; None frees it.
+    all_int4: every module an Int4Linear, the parts without a 4-bit form requantized to
+    4-bit groups (engine.loading.int4_groups): half the bytes of int8 rows, less precise.
     CPU only: ValueError for a model on another device."""
     device = next(model.parameters()).device
     if device.type != "cpu":
@@ -217,10 +229,9 @@ def load_quantized(
         for (parent, attr, old, bases), kinds in zip(plan, forms, strict=True):
             dense = None if dense_dtype is None else old.weight.detach().to(dense_dtype)
             bias = None if old.bias is None else old.bias.detach()
-            if all(kind == "q4" for kind in kinds):
+            if all_int4 or all(kind == "q4" for kind in kinds):
                 # fused rows in loader.py's order: q, k, v and gate, up
-                q, scale, zero = (torch.cat([arrays.get("q4", b, p) for b in bases])
-                                  for p in ("q", "scale", "zero"))  # fmt: skip
+                q, scale, zero = arrays.int4(bases, kinds, old.weight.detach())
                 setattr(parent, attr, Int4Linear(q, scale, zero, bias, dense))
             else:
                 q, scale = arrays.int8(bases, kinds, old.weight.detach())
@@ -263,6 +274,23 @@ class _Arrays:
     def get(self, kind: str, base: str, part: str) -> torch.Tensor:
         return self.files[kind].get_tensor(f"{base}.{part}")
 
+    def int4(
+        self, bases: list[str], kinds: list[str], dense: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fused module's 4-bit groups: stored ones, or requantized from the dense rows."""
+        from engine.loading.int4_groups import int4_groups
+
+        parts, row = [], 0
+        for base, kind in zip(bases, kinds, strict=True):
+            n = self.shape(kind, base)[0]
+            if kind == "q4":
+                parts.append(tuple(self.get("q4", base, p) for p in ("q", "scale", "zero")))
+            else:
+                parts.append(int4_groups(dense[row : row + n]))
+            row += n
+        q, scale, zero = (torch.cat([p[i] for p in parts]) for i in range(3))
+        return q, scale, zero
+
     def int8(
         self, bases: list[str], kinds: list[str], dense: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,11 +327,11 @@ def quantize_lm_head(model: CausalLM, directory: Path | None = None) -> None:
     model.int8_head = Int8Linear(q, scale)
 
 
-def load_int4(net, source, device: torch.device, required: bool) -> bool:
+def load_int4(net, source, device: torch.device, required: bool, all_int4: bool = False) -> bool:
     """Switch a CPU model to the GGUF's quantized linears for decode (4-bit blocks, or int8
-    rows for 5- to 8-bit types) and an int8 output head: Engine.load's weights="int4" and
-    "auto". Returns whether it did; `required` turns "no quantized weights here" into an
-    error."""
+    rows for 5- to 8-bit types; with all_int4, 4-bit groups requantized from those) and an
+    int8 output head: Engine.load's weights="int4", "int4-all" and "auto". Returns whether
+    it did; `required` turns "no quantized weights here" into an error."""
     if device.type != "cpu":
         if required:
             raise EngineError("int4 weights run on the CPU only")
@@ -311,7 +339,7 @@ def load_int4(net, source, device: torch.device, required: bool) -> bool:
     # prefill chunks run dense: in bf16 where the CPU has AMX (3.5x faster than fp32 at 512
     # tokens on this machine's Xeon), else in the checkpoint's fp32
     dense = torch.bfloat16 if cpu_has_amx() else torch.float32
-    if load_quantized(net, source.path, dense) == 0:
+    if load_quantized(net, source.path, dense, all_int4) == 0:
         if required:
             types = ", ".join(INT4_TYPES + INT8_TYPES)
             raise EngineError(

@@ -32,6 +32,9 @@ from engine.runtime.requests import Completion, Stream
 from engine.runtime.sequence import Sequence
 from engine.sampling_params import SamplingParams
 
+# Engine.load's weights modes
+WEIGHT_MODES = ("auto", "dense", "int4", "int4-all")
+
 
 class Engine(EngineLoop):
     """EngineLoop with a model loader, chat templates and the calls that run a request to
@@ -54,11 +57,13 @@ class Engine(EngineLoop):
         "int4", on the CPU, decodes through the GGUF's own 4-bit blocks (Q4_0, Q4_1, Q4_K),
         per-row int8 requantizations of its 5- to 8-bit ones (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
         and an int8 output head, and prefills with dense weights (bf16 where the CPU has AMX):
-        fast and close to, not identical with, the reference. "auto" picks int4 where the
+        fast and close to, not identical with, the reference. "int4-all" is int4 with the
+        5- to 8-bit types requantized to 4-bit groups instead of int8 rows: fewer bytes per
+        token, less precise (engine.loading.int4_groups). "auto" picks int4 where the
         checkpoint has such weights and the device is the CPU, else dense."""
         fast = False
-        if weights not in ("auto", "dense", "int4"):
-            raise EngineError(f"unknown weights mode {weights!r}; use auto, dense or int4")
+        if weights not in WEIGHT_MODES:
+            raise EngineError(f"unknown weights mode {weights!r}; use {', '.join(WEIGHT_MODES)}")
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
         source = resolve_source(model, config.cache_dir if config is not None else None)
@@ -71,10 +76,11 @@ class Engine(EngineLoop):
             if weights != "dense":
                 from engine.loading.quant import load_int4  # (CPU decode only: loaded when used)
 
-                fast = load_int4(net, source, dev, required=weights == "int4")
+                fast = load_int4(net, source, dev, required=weights.startswith("int4"),
+                                 all_int4=weights == "int4-all")  # fmt: skip
         tokenizer = load_tokenizer(source)
         engine = cls(net, cfg, tokenizer, config, dev, dt, name=source.name)
-        engine.weights_mode = "int4" if fast else "dense"
+        engine.weights_mode = ("int4-all" if weights == "int4-all" else "int4") if fast else "dense"
         if fast and cpu_has_amx():
             # the int4 mode is approximate already; its prefill attention runs in bf16 (AMX)
             engine.runner.prefill_attn_dtype = torch.bfloat16

@@ -135,6 +135,35 @@ def test_int8_linear_dense_path_and_misaligned_inputs() -> None:
         assert torch.equal(layer(x), layer(x.clone()))
 
 
+def test_int8_linear_takes_rows_and_inputs_at_any_alignment() -> None:
+    """The kernel's AVX-512 build reads weights and activations 64-byte aligned: a stored
+    head's rows 4 bytes past a line, or an activation 16 bytes past one, segfaulted there. In
+    a child process, so that a crash fails this test and not the run."""
+    code = """
+import torch
+from engine.loading.quant import Int8Linear
+qbuf = torch.randint(-127, 127, (101 * 256 + 4,), dtype=torch.int8)
+q = qbuf[4:].view(101, 256)
+assert q.data_ptr() % 64
+sbuf = torch.rand(101 + 8).to(torch.bfloat16)
+layer = Int8Linear(q, sbuf[8:])
+for off in (0, 8, 16, 24):
+    xbuf = torch.randn(3 * 256 + 32).to(torch.bfloat16)
+    x = xbuf[off : off + 3 * 256].view(3, 256)
+    want = x.float() @ (q.float() * sbuf[8:].float()[:, None]).T
+    got = layer(x).float()
+    assert (got - want).abs().max() <= 0.02 * want.abs().max(), off
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_kernels_are_row_independent(kind: str) -> None:
     """What verification steps rely on (engine.models.causal_lm.row_exact): a row's output does not
