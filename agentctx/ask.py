@@ -116,21 +116,18 @@ def run_turn(
         assistant_message,
         call_counts,
         check_calls,
-        engine_tool_format,
         parse_tool_calls,
         question_of,
         refuse_calls,
         run_tools,
         tool_messages,
     )
+    from agentctx.compaction import Compaction, compact_to_fit
     from engine import ContextTooLongError
-    from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
 
     links = links or TurnLinks()
     session, record, on_stream = links.session, links.record, links.on_stream
-    fmt = engine_tool_format(engine) if root and max_steps > 0 else None
-    names = BOOK_TOOLS if kind == "book" else REPO_TOOLS
-    tools = schemas(names) if fmt else None
+    fmt, names, tools = turn_tools(engine, root, kind, max_steps)
     convo, steps, completion, ttft = list(messages), [], 0, None
     question, final = question_of(messages), False
     if fmt:
@@ -138,6 +135,12 @@ def run_turn(
     retried = False  # a step that had to be the answer but only called tools, asked again
     for step_no in range(max_steps + 2):
         ids = engine.chat_tokens(convo, tools=tools)
+        if step_no and len(ids) + params.max_tokens > engine.max_model_len:  # tool results
+            _, convo = compact_to_fit(
+                convo, lambda c: len(engine.chat_tokens(c, tools=tools)), engine.max_model_len,
+                params.max_tokens, Compaction(), output,
+            )  # fmt: skip
+            ids = engine.chat_tokens(convo, tools=tools)
         if len(ids) >= engine.max_model_len:
             raise ContextTooLongError(len(ids), engine.max_model_len, what="the conversation")
         stream = (session or engine).stream(ids, params)
@@ -222,6 +225,23 @@ def run_turn(
     raise AssertionError("unreachable")  # the loop returns by step max_steps + 1
 
 
+def turn_tools(engine, root, kind: str, max_steps: int):
+    """(format, names, schemas) of the tools a turn offers; no format nor schemas: none."""
+    from agentctx.agent import engine_tool_format
+    from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
+
+    fmt = engine_tool_format(engine) if root and max_steps > 0 else None
+    names = BOOK_TOOLS if kind == "book" else REPO_TOOLS
+    return fmt, names, schemas(names) if fmt else None
+
+
+def prompt_tokens(engine, messages: list[dict], root, kind: str, max_steps: int) -> int:
+    """The tokens of a turn's first prompt over `messages`, as run_turn renders it."""
+    fmt, _, tools = turn_tools(engine, root, kind, max_steps)
+    convo = with_tool_prompt(messages, kind, fmt) if fmt else messages
+    return len(engine.chat_tokens(convo, tools=tools))
+
+
 def answer_ids(engine, stream, content: str) -> list[int] | None:
     """The ids the answer was generated as, without the end-of-turn id that closed it,
     when they decode to exactly its stored text (not so for a stop string's tokens or
@@ -243,6 +263,7 @@ def history_messages(store, session_id: str) -> list[dict]:
     from collections import defaultdict
 
     from agentctx.agent import ToolCallRecord, ToolStep, assistant_message, tool_messages
+    from agentctx.compaction import KEY
 
     calls = defaultdict(list)
     for t in store.tool_calls(session_id):
@@ -256,6 +277,8 @@ def history_messages(store, session_id: str) -> list[dict]:
             out.append({"role": m.role, "content": m.content})
             if m.token_ids and m.role == "assistant":
                 out[-1]["token_ids"] = m.token_ids
+        if out and m.timings and KEY in m.timings:  # what the turn's prompt left out
+            out[-1][KEY] = m.timings[KEY]
     return out
 
 

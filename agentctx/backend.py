@@ -45,6 +45,11 @@ class Backend(ABC):
     def save_snapshot(self, es, session_id: str, output) -> None:
         """Keep a backend session's KV as the stored session's snapshot (where it can)."""
 
+    def prompt_tokens(self, turn: Turn, messages: list[dict]) -> int | None:
+        """The tokens of the turn's prompt over `messages`; None where it cannot count
+        them (the prompt is then sent as it is, not compacted: agentctx.compaction)."""
+        return None
+
 
 class EmbeddedBackend(Backend):
     """The engine in this process: packing counts its tokens, turns stream from it and a
@@ -84,6 +89,11 @@ class EmbeddedBackend(Backend):
             self.engine, turn.messages, turn.params, output, turn.root, turn.kind,
             turn.max_steps, links,
         )  # fmt: skip
+
+    def prompt_tokens(self, turn, messages):
+        from agentctx.ask import prompt_tokens
+
+        return prompt_tokens(self.engine, messages, turn.root, turn.kind, turn.max_steps)
 
     def save_snapshot(self, es, session_id, output) -> None:
         from agentctx.ask import save_kv

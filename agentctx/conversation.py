@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentctx.agent import DEFAULT_MAX_STEPS
+from agentctx.compaction import KEY, Compaction, compact_to_fit
 
 if TYPE_CHECKING:
     from agentctx.ask import TurnResult
@@ -34,6 +35,7 @@ class Turn:
     packed: PackedContext | None = None  # a new session's packing
     result: TurnResult | None = None  # the answer, its tool steps and usage
     status: str = "interrupted"  # how it is stored: "complete" once it ended whole
+    compaction: Compaction = field(default_factory=Compaction)  # what its prompt leaves out
 
     @property
     def usage(self) -> dict | None:
@@ -50,6 +52,7 @@ class Conversation:
         self.es: Any = None
         self.owner: str | None = None
         self._opened_by: Backend | None = None
+        self.pending: tuple[str, Compaction] | None = None  # /compact's, for a session's next turn
 
     def open(self, session, output) -> Any:
         """The backend session of `session` (None: a new one): the one already open when
@@ -65,21 +68,77 @@ class Conversation:
         self, turn: Turn, history: list[dict] | None, output, context_tokens=None,
         show_packing: bool = False,
     ) -> None:  # fmt: skip
-        """turn.messages: a follow-up's stored turns (`history`) and its question, or a new
-        session's packed context with the question (turn.packed: what went in)."""
+        """turn.messages: a follow-up's stored turns (`history`) and its question, as
+        compacted to fit the window (fit_window), or a new session's packed context with the
+        question (turn.packed: what went in)."""
         if history is not None:
-            turn.messages = history + [{"role": "user", "content": turn.question}]
+            start = Compaction.stored(history)
+            if self.pending is not None and turn.session is not None:
+                if self.pending[0] == turn.session.id:
+                    start = start.union(self.pending[1])
+                self.pending = None
+            turn.compaction = start
+            full = history + [{"role": "user", "content": turn.question}]
+            turn.messages = self.fit_window(turn, full, output)
         else:
             turn.messages, turn.packed = self.backend.pack(
                 turn, output, context_tokens, show_packing
             )
 
+    def fit_window(self, turn: Turn, full: list[dict], output) -> list[dict]:
+        """`full` as the turn sends it: with what turn.compaction leaves out, and more left
+        out (agentctx.compaction) when its prompt and the answer's room would not fit the
+        window, which `output` is told."""
+        if self.backend.prompt_tokens(turn, full[:1]) is None:  # it cannot count
+            return turn.compaction.apply(full)
+
+        def count(messages: list[dict]) -> int:
+            return self.backend.prompt_tokens(turn, messages)
+
+        room = getattr(turn.params, "max_tokens", 0)
+        turn.compaction, sent = compact_to_fit(
+            full, count, self.backend.window, room, turn.compaction, output
+        )
+        return sent
+
+    def compact(self, session: Session, history: list[dict], max_steps: int) -> str:
+        """The TUI's /compact: the session's next turns leave out every earlier turn's tool
+        results and all its turns but the last (the store keeps them). What that leaves
+        out, in words, with the prompt's tokens before and after where the backend can
+        count them (a turn has loaded it)."""
+        before = Compaction.stored(history)
+        if self.pending is not None and self.pending[0] == session.id:
+            before = before.union(self.pending[1])
+        full = history + [{"role": "user", "content": ""}]
+        after = before.most(full)
+        if after == before:
+            return "nothing more to compact: only the packed context and the last turn are sent"
+        self.pending = (session.id, after)
+        sizes = ""
+        if self.backend is not None:
+            turn = Turn("", session.root, session.root_kind, max_steps=max_steps)
+            old, new = (self.backend.prompt_tokens(turn, s.apply(full)) for s in (before, after))
+            sizes = "" if old is None else f" ({old:,} -> {new:,} prompt tokens)"
+        return (
+            f"compacted: the next question leaves out {after.left_out_since(before)} of this "
+            f"session{sizes}; the session store keeps them, and the packed context is sent whole"
+        )
+
     def run(self, turn: Turn, output, record=None, on_stream=None) -> TurnResult:
         """Run the turn on the open backend session; `record` (agentctx.turn_record) stores
-        the answer as it streams, `on_stream` gets each step's stream (to cancel it)."""
+        the answer as it streams, `on_stream` gets each step's stream (to cancel it). What
+        its prompt left out is stored with its usage, for the next turn to start from."""
         from agentctx.ask import TurnLinks
 
-        turn.result = self.backend.run(turn, output, TurnLinks(self.es, record, on_stream))
+        try:
+            turn.result = self.backend.run(turn, output, TurnLinks(self.es, record, on_stream))
+        except KeyboardInterrupt as e:  # the partial answer is stored: with the state too
+            partial = getattr(e, "partial", None)
+            if partial is not None and turn.compaction:
+                partial.usage[KEY] = turn.compaction.data()
+            raise
+        if turn.compaction:
+            turn.result.usage[KEY] = turn.compaction.data()
         return turn.result
 
     def save(self, store, turn: Turn) -> Session:

@@ -43,6 +43,10 @@ class TextOutput:
         self.open_line, self.ended_line = not delta.endswith("\n"), False
         self.answered = self.answered or bool(delta.strip())
 
+    def compacted(self, line: str, data: dict) -> None:
+        """What the prompt leaves out to fit the window (agentctx.compaction): its line."""
+        self.info(line)
+
     def tool_call(self, call) -> None:
         self.info(f"-> {call.label()}")
 
@@ -144,6 +148,10 @@ class JsonOutput:
     def packing(self, line: str, manifest: dict) -> None:
         """The packing summary, with the manifest as data."""
         self._emit({"type": "info", "message": line, "manifest": manifest})
+
+    def compacted(self, line: str, data: dict) -> None:
+        """What the prompt leaves out to fit the window, as a "compaction" event."""
+        self._emit({"type": "compaction", "message": line, **data})
 
     def prefill(self, done: int, total: int) -> None:
         self._emit({"type": "prefill", "prefilled": done, "total": total})

@@ -1,5 +1,5 @@
 """The TUI's slash commands: /help, /new, /sessions, /repo, /book, /export, /model, /set,
-/context. Each acts through the app, which owns the state."""
+/context, /compact. Each acts through the app, which owns the state."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ HELP = """\
   SESSION_ID.jsonl in PATH or the current directory
 - `/model NAME`: load another model
 - `/context`: what this session's context holds
+- `/compact`: leave out of the next questions' prompt every earlier tool result and all
+  turns but the last (the store keeps them; the packed context stays whole)
 - `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
   repeat_penalty, seed (none: random again), steps (tool steps a turn may take)
 - `/help`: this list
@@ -127,6 +129,18 @@ class SlashCommands:
             self.app.chat.add_line(f"{key} = {number} (not stored with the session: {e})")
             return
         self.app.chat.add_line(f"{key} = {'none' if number is None else number}")
+
+    def cmd_compact(self, arg: str) -> None:
+        app = self.app
+        if app.session is None:
+            app.chat.add_line("nothing to compact: this session has no stored turn yet", "error")
+            return
+        try:
+            history = app.sessions.history(app.session.id)
+        except user_errors() as e:
+            app._session_gone(e)
+            return
+        app.chat.add_line(app.turns.conversation.compact(app.session, history, app.max_steps))
 
     def cmd_context(self, arg: str) -> None:
         if self.app.session is None:
