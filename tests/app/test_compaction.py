@@ -189,6 +189,12 @@ def test_a_session_past_the_window_goes_on_and_says_what_it_left_out(tokenizer_p
     assert len(messages) == 2 + 1 + 6 * 2
     assert [c for r, c in messages if r == "assistant"] == [ANSWER] * 7
     assert [c for r, c in messages[3::2]] == [f"And question {i}?" for i in range(2, 8)]
+    # and so does its export
+    for fmt in ("jsonl", "markdown"):
+        export = CliRunner().invoke(cli, ["sessions", "export", session.id, "--format", fmt])
+        assert export.exit_code == 0, export.output
+        assert export.stdout.count("sum of its two arguments") == 7 * ANSWER.count("sum of")
+        assert all(f"And question {i}?" in export.stdout for i in range(2, 8))
 
 
 def test_a_later_turn_keeps_the_prefix_until_the_window_fills_again(tokenizer_path, repo, home):
