@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentctx.code_outline import outline_symbols
+from agentctx.context_choice import CHOICE, REASON_DROPPED
 from agentctx.excerpts import Excerpt, best_excerpts
 from agentctx.ranking import is_boilerplate, rank_paths
 from agentctx.ranking import relevance as _relevance
@@ -123,10 +124,16 @@ def pack_repository(
     names = {path: [s.name for s in found] for path, found in symbols.items()}
     project = _project_names(base, texts)
     ranked = rank_paths(texts, question, names, project)
+    choice = CHOICE.get()  # /add and /drop in the TUI
+    dropped = [p for p in (choice.dropped if choice else []) if p in texts]
+    if choice is not None:
+        ranked = choice.ranked(ranked)
+    kept = [p for p in lines_of if p not in dropped]  # (no definition of a dropped file)
     prefix = repo_map.text + "\n" if repo_map.text else ""
     section, excerpts = best_excerpts(
-        lines_of, symbols, question, count_tokens, budget - repo_map.tokens, project
-    )
+        {p: lines_of[p] for p in kept}, {p: symbols[p] for p in kept}, question, count_tokens,
+        budget - repo_map.tokens, project,
+    )  # fmt: skip
     suffix = "\n" + section if section else ""
     room = budget - repo_map.tokens - (count_tokens(suffix) if suffix else 0)
     chosen, full_tokens = _choose(ranked, texts, lines_of, room, count_tokens)
@@ -142,6 +149,8 @@ def pack_repository(
     summary = MapSummary(repo_map.tokens, repo_map.files, repo_map.listed, repo_map.detail,
                          repo_map.notes)  # fmt: skip
     omitted = _omitted(repo_map, ranked, chosen, full_tokens, unread)
+    omitted += [OmittedFile(p, count_tokens(render_file(p, _split_lines(texts[p]))),
+                            REASON_DROPPED, repo_map.shown.get(p, "")) for p in dropped]  # fmt: skip
     return PackedContext(
         text, files, omitted, tokens, head_commit(base), summary, budget,
         _warnings(repo_map, files, budget), excerpts,

@@ -16,7 +16,10 @@ HELP = """\
 - `/export [PATH]`: write this session to PATH (a .md name: a Markdown transcript), or to
   SESSION_ID.jsonl in PATH or the current directory
 - `/model NAME`: load another model
-- `/context`: what this session's context holds
+- `/context`: what this session's context holds: every file packed, outlined or left out,
+  with its tokens, and what /add and /drop change for the next turn
+- `/add PATH`, `/drop PATH`: pack that file in full in the next turn, or leave it out
+  (a path in the repository; not a secret)
 - `/compact`: leave out of the next questions' prompt every earlier tool result and all
   turns but the last (the store keeps them; the packed context stays whole)
 - `/set [NAME VALUE]`: show or change temperature, top_p, top_k, max_tokens,
@@ -143,12 +146,41 @@ class SlashCommands:
         app.chat.add_line(app.turns.conversation.compact(app.session, history, app.max_steps))
 
     def cmd_context(self, arg: str) -> None:
+        count = getattr(self.app.engine, "count_tokens", None)
+        pending = self.app.turns.choice.report(count)
         if self.app.session is None:
             self.app.chat.add_line("no context yet: the first question packs the repository")
+            if pending:
+                self.app.chat.add_line("\n".join(["```", *pending, "```"]), markdown=True)
             return
         try:
             summary = self.app.sessions.context_summary(self.app.session.id)
         except user_errors() as e:
             self.app._session_gone(e)
             return
+        if pending:
+            summary += "\n\n" + "\n".join(["```", *pending, "```"])
         self.app.chat.add_line(summary, markdown=True)
+
+    def cmd_add(self, arg: str) -> None:
+        self._choose("add", arg)
+
+    def cmd_drop(self, arg: str) -> None:
+        self._choose("drop", arg)
+
+    def _choose(self, verb: str, path: str) -> None:
+        """/add or /drop PATH: checked now (one line if refused), used by the next turn."""
+        session = self.app.session
+        kind = session.root_kind if session is not None else self.app.kind
+        if not path or kind == "book":
+            what = "a repository's file" if kind == "book" else "PATH"
+            self.app.chat.add_line(f"/{verb} takes {what}: /{verb} PATH", "error")
+            return
+        root = session.root if session is not None else (self.app.repo or ".")
+        try:
+            rel = getattr(self.app.turns.choice, verb)(root, path)
+        except (OSError, *user_errors()) as e:
+            self.app.chat.add_line(f"/{verb}: {e}", "error")
+            return
+        done = "goes in full" if verb == "add" else "is left out"
+        self.app.chat.add_line(f"{rel} {done} in the next turn; /context lists the changes")

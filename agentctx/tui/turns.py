@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from agentctx.context_choice import ContextChoice
 from agentctx.conversation import Conversation, Turn
 from agentctx.tui.errors import user_errors
 from agentctx.tui.outputs import Report, Silent, TurnOutput
@@ -24,6 +25,7 @@ class TurnRunner:
         self.app = app
         self.conversation = Conversation()
         self.unsaved: tuple | None = None  # (turn, its TurnRecord or None)
+        self.choice = ContextChoice()  # /add and /drop, for the next turn
         self._stream = None  # the step streaming now
         self._cancel = False
 
@@ -70,7 +72,7 @@ class TurnRunner:
                 root, kind = str(resolve_root(app.repo or ".")), app.kind
             turn = Turn(question, root, kind, session, model=app.model, params=app.params,
                         max_steps=app.max_steps)  # fmt: skip
-            self.conversation.pack(turn, history, Report(post))
+            self.choice.pack(self.conversation, turn, history, Report(post))
             self.conversation.open(session, Report(post))
             record = self._ui(start_record, app.sessions.store, turn)
             self._generate(turn, post, record)
