@@ -132,33 +132,30 @@ class Compaction:
 
 
 def fit(
-    messages: list[dict], count: Callable[[list[dict]], int], limit: int, start: Compaction
+    messages: list[dict], size: Callable[[Compaction], int], limit: int, start: Compaction
 ) -> tuple[Compaction, int]:
     """(the state to send `messages` with, its prompt's tokens). `start` when its prompt
     takes at most `limit` tokens; else the first candidate whose prompt takes at most half
     way from the least prompt (everything earlier left out) to `limit`, so that the next
     turns append to the same prefix for a while; else, when not even the least prompt fits,
     the state that leaves everything out (the caller says the window is too small).
-    `count` gives a prompt's tokens (as the model's chat template renders it)."""
-    tokens = count(start.apply(messages))
+    `size(state)` gives the tokens of the prompt `state` sends (its chat template's)."""
+    tokens = size(start)
     steps = start.candidates(messages)
     if tokens <= limit or not steps:
         return start, tokens
-    floor = count(steps[-1].apply(messages))
+    floor = size(steps[-1])
     if floor > limit:
         return steps[-1], floor
     target = floor + (limit - floor) // 2
-    lo, hi, best = 0, len(steps) - 1, floor  # the prompt shrinks as more is left out
+    lo, hi = 0, len(steps) - 1  # the prompt shrinks as more is left out
     while lo < hi:
         mid = (lo + hi) // 2
-        size = count(steps[mid].apply(messages))
-        if size <= target:
-            hi, best = mid, size
+        if size(steps[mid]) <= target:
+            hi = mid
         else:
             lo = mid + 1
-    if hi == len(steps) - 1:
-        best = floor
-    return steps[hi], best
+    return steps[hi], size(steps[hi])
 
 
 def compact_to_fit(
@@ -167,10 +164,18 @@ def compact_to_fit(
 ) -> tuple[Compaction, list[dict]]:  # fmt: skip
     """(the state, the messages as sent) for a prompt that must leave `room` tokens of the
     window for the answer: `start`, or more left out (fit). What more is left out is said
-    on `output`: its `compacted` (the --json event) where it has one, else a line."""
-    before = count(start.apply(messages))
-    state, tokens = fit(messages, count, window - room, start)
+    on `output`: its `compacted` (the --json event) where it has one, else a line. `count`
+    gives a prompt's tokens; each state's prompt is counted once."""
+    sizes: dict[Compaction, int] = {}
+
+    def size(state: Compaction) -> int:
+        if state not in sizes:
+            sizes[state] = count(state.apply(messages))
+        return sizes[state]
+
+    state, tokens = fit(messages, size, window - room, start)
     if state != start:
+        before = size(start)
         line = (
             f"context: left out {state.left_out_since(start)} of this session to fit the "
             f"model's {window:,}-token window ({before:,} -> {tokens:,} prompt tokens); the "

@@ -61,6 +61,11 @@ def words(messages: list[dict]) -> int:
     return sum(len(m["content"].split()) + 4 for m in messages)
 
 
+def by_words(messages: list[dict]):
+    """A state's prompt size in words (fit's `size`)."""
+    return lambda state: words(state.apply(messages))
+
+
 def test_turns_start_after_the_root_and_at_each_question():
     messages = conversation()
     # turn 1 right after the root; a step's note (after a tool result) is not a question
@@ -97,19 +102,19 @@ def test_turns_left_out_become_one_note_and_the_root_is_sent_whole():
 def test_fit_leaves_out_the_least_that_frees_half_the_room(share):
     messages = conversation()
     full = words(messages)
-    assert fit(messages, words, full, Compaction()) == (Compaction(), full)  # it fits
+    assert fit(messages, by_words(messages), full, Compaction()) == (Compaction(), full)  # it fits
     floor = words(Compaction(3, 2).apply(messages))  # everything earlier left out
     limit = floor + int((full - floor) * share)  # below the full prompt, above the least
     target = floor + (limit - floor) // 2  # half the room above the least prompt
-    state, tokens = fit(messages, words, limit, Compaction())
+    state, tokens = fit(messages, by_words(messages), limit, Compaction())
     assert tokens == words(state.apply(messages)) <= target
     steps = Compaction().candidates(messages)
     i = steps.index(state)
     assert i == 0 or words(steps[i - 1].apply(messages)) > target  # no less would do
     # a state only grows: a stored one is kept and more is left out on top of it
-    assert fit(messages, words, 10**6, Compaction(1, 0))[0] == Compaction(1, 0)
+    assert fit(messages, by_words(messages), 10**6, Compaction(1, 0))[0] == Compaction(1, 0)
     # nothing fits: everything earlier left out, and the caller hears the tokens
-    assert fit(messages, words, floor - 1, Compaction()) == (Compaction(3, 2), floor)
+    assert fit(messages, by_words(messages), floor - 1, Compaction()) == (Compaction(3, 2), floor)
 
 
 @pytest.mark.parametrize(
