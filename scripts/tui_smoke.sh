@@ -85,10 +85,28 @@ type_line() {  # type a line into the prompt and send it
     tm send-keys -t "$NAME" Enter
 }
 
-start() {  # start ARGS...: agentctx tui in the pane (the checkout's code: cwd first)
+quit() {  # quit STEP: Ctrl-Q, then the TUI must exit 0 within 30 s
+    local code=""
+    tm send-keys -t "$NAME" C-q
+    for _ in $(seq 60); do
+        [[ -s "$WORK/exit" ]] && code=$(<"$WORK/exit") && break
+        sleep 0.5
+    done
+    if [[ $code != 0 ]]; then
+        show "$1"
+        echo "tui_smoke.sh: after Ctrl-Q the TUI did not exit 0 (exit status: ${code:-none})" >&2
+        exit 1
+    fi
+    echo "===== $1: the TUI exited 0 ====="
+}
+
+start() {  # start ARGS...: agentctx tui in the pane (the checkout's code: cwd first); its
+    # exit status goes to $WORK/exit
     local cmd
     cmd=$(printf ' %q' "$PYTHON" -m agentctx tui --repo "$REPO" --model "$MODEL" "$@")
-    tm respawn-pane -k -t "$NAME" "cd $(printf %q "$ROOT") &&$cmd"
+    rm -f "$WORK/exit"
+    tm respawn-pane -k -t "$NAME" \
+        "cd $(printf %q "$ROOT") &&$cmd; echo \$? >$(printf %q "$WORK/exit")"
 }
 
 tm -f /dev/null new-session -d -s "$NAME" -x 120 -y 40 "sleep 600"
@@ -125,12 +143,7 @@ expect_more "$DONE" "$answers"
 show "follow-up"
 
 # resume: quit, then agentctx tui -c
-tm send-keys -t "$NAME" C-q
-for _ in $(seq 60); do
-    [[ $(tm display -p -t "$NAME" '#{pane_dead}') == 1 ]] && break
-    sleep 0.5
-done
-[[ $(tm display -p -t "$NAME" '#{pane_dead}') == 1 ]] || { show "quit"; echo "tui_smoke.sh: Ctrl-Q did not quit" >&2; exit 1; }
+quit "quit before resuming"
 start -c
 expect "What does add do?" 60
 expect "And what does sub do?" 5
@@ -145,12 +158,5 @@ grep -qF "And what does sub do?" "$WORK/talk.md" || { echo "tui_smoke.sh: talk.m
 echo "talk.md: $(wc -l <"$WORK/talk.md") lines, both questions in it"
 
 # quit
-tm send-keys -t "$NAME" C-q
-for _ in $(seq 60); do
-    [[ $(tm display -p -t "$NAME" '#{pane_dead}') == 1 ]] && break
-    sleep 0.5
-done
-status=$(tm display -p -t "$NAME" '#{pane_dead} #{pane_dead_status}')
-[[ $status == "1 0" ]] || { show "quit"; echo "tui_smoke.sh: quit left '$status' (dead, exit status)" >&2; exit 1; }
-echo "===== quit: the TUI exited 0 ====="
+quit "quit"
 echo "tui_smoke.sh: all steps passed"
