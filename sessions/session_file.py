@@ -45,6 +45,7 @@ from sessions.session_records import (
     finite,
     kv_part_data,
     parse_line,
+    session_record,
     short,
 )
 from sessions.store import SessionStore
@@ -81,19 +82,7 @@ def export_session(store: SessionStore, ref: str, fp: IO[str], kv_path=None) -> 
     messages = store.messages(session.id)
     seq_of = {m.id: m.seq for m in messages}
     header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "exported": utc_now()}
-    records: list[dict[str, Any]] = [
-        {
-            "type": "session",
-            "id": session.id,
-            "name": session.name,
-            "title": session.title,
-            "root": session.root,
-            "root_kind": session.root_kind,
-            "model": session.model,
-            "created": session.created,
-            "updated": session.updated,
-        },
-    ]
+    records: list[dict[str, Any]] = [session_record(session)]
     for m in messages:
         records.append(
             {
@@ -329,10 +318,10 @@ def _check_free(db: Any, s: dict[str, Any]) -> None:
 def _insert(db: Any, data: SessionFile) -> None:
     s = data.session
     db.execute(
-        "insert into sessions (id, name, title, root, root_kind, model, created, updated)"
-        " values (?, ?, ?, ?, ?, ?, ?, ?)",
+        "insert into sessions (id, name, title, root, root_kind, model, created, updated,"
+        " settings) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [s["id"], s["name"], s.get("title"), s["root"], s["root_kind"], s["model"]]
-        + [s["created"], s["updated"]],
+        + [s["created"], s["updated"], to_json(s.get("settings"))],
     )
     id_of: dict[int, int] = {}
     for m in data.messages:

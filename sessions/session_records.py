@@ -17,7 +17,7 @@ from typing import Any
 from sessions.errors import SessionError, SessionFileError
 from sessions.identifiers import check_name as _check_name
 from sessions.identifiers import is_session_id, is_timestamp, utc_now
-from sessions.models import ROLES, ROOT_KINDS, STATUSES
+from sessions.models import ROLES, ROOT_KINDS, STATUSES, Session
 
 FORMAT = "agentctx-session"
 VERSION = 2  # the version export writes
@@ -36,6 +36,7 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "id": _STR,
         "name": _OPT_STR,
         "title": _OPT_STR,
+        "settings": _OPT_DICT,  # the TUI's /set changes (from store migration m005)
         "root": _OPT_STR,
         "root_kind": _STR,
         "model": _STR,
@@ -70,7 +71,13 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "created": _STR,
     },
 }
-OPTIONAL = {("session", "title"), ("message", "token_ids")}
+OPTIONAL = {("session", "title"), ("session", "settings"), ("message", "token_ids")}
+
+
+def session_record(session: Session) -> dict[str, Any]:
+    """A session's record in a session file: every field FIELDS["session"] names."""
+    return {"type": "session", **{name: getattr(session, name) for name in FIELDS["session"]}}
+
 
 # Fields that hold a time, written by the store as utc_now() does.
 TIMESTAMPS = {"created", "updated"}

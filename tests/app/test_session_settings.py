@@ -65,6 +65,21 @@ def test_an_old_store_migrates_and_keeps_its_data(tmp_path):
         assert again.get("old").settings == {"temperature": 0.5, "seed": None}
 
 
+def test_settings_travel_in_a_session_file(tmp_path):
+    import io
+
+    from sessions.session_file import export_session, import_session
+
+    with SessionStore(tmp_path / "a.db") as a, SessionStore(tmp_path / "b.db") as b:
+        sid = a.create("/r/calc", "repo", "m").id
+        a.session_table.set_settings(sid, {"top_k": 40, "seed": None})
+        plain = a.create("/r/calc", "repo", "m").id  # none set: none come back
+        for ref, settings in ((sid, {"top_k": 40, "seed": None}), (plain, None)):
+            text = io.StringIO()
+            export_session(a, ref, text)
+            assert import_session(b, io.StringIO(text.getvalue())).settings == settings
+
+
 # -- the TUI -----------------------------------------------------------------------------
 
 
