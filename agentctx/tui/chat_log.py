@@ -52,6 +52,10 @@ class ChatLog(VerticalScroll):
         self.answer.set_text(text)
         self.scroll_end(animate=False)
 
+    def answer_text(self) -> str:
+        """The streaming answer's text so far ("" when none streams)."""
+        return self.answer.text if self.answer is not None else ""
+
     def end_answer(self, status: str) -> None:
         if status == "interrupted" and self.answer is not None:
             self.answer.add_class("interrupted")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from textual.content import Content
 from textual.widgets import Collapsible, Markdown, Static
+
+MAX_RENDER_PAUSE_S = 1.0  # the longest wait between two renders of a streaming answer
 
 
 class UserMessage(Static):
@@ -14,18 +19,37 @@ class UserMessage(Static):
 
 
 class AssistantMessage(Markdown):
-    """An answer, re-rendered as Markdown while it streams."""
+    """An answer, rendered as Markdown while it streams: one render at a time, of the newest
+    text, appending where the text only grew. (A render per update queued them up behind
+    each other on a long answer, and Esc waited seconds behind the queue.)"""
 
     def __init__(self, text: str = "", status: str = "complete") -> None:
         super().__init__(text, classes="assistant")
-        self.text = text
+        self.text = self.shown = text  # the newest text; the text rendered
+        self.rendering = False
         if status != "complete":
             self.add_class(status)
 
     def set_text(self, text: str) -> None:
-        if text != self.text:
-            self.text = text
-            self.update(text)
+        self.text = text
+        if not self.rendering and text != self.shown:
+            self.rendering = True
+            self.run_worker(self._render_newest(), group="render")
+
+    async def _render_newest(self) -> None:
+        try:
+            while self.shown != self.text:
+                text, start = self.text, time.monotonic()
+                if self.shown and text.startswith(self.shown):
+                    await self.append(text[len(self.shown) :])
+                else:
+                    await self.update(text)
+                self.shown = text
+                # a long answer (a list of a hundred items, say) takes a good part of a
+                # second to render: the UI is left free twice that long between renders
+                await asyncio.sleep(min(2 * (time.monotonic() - start), MAX_RENDER_PAUSE_S))
+        finally:
+            self.rendering = False
 
 
 class ToolCallPanel(Collapsible):

@@ -136,3 +136,27 @@ async def test_on_the_cpu_the_meter_leaves_out_gpu_figures(tokenizer, repo, stor
         meter.set_usage({**cpu, "speculation": spec}, 8192)
         assert "speculative decoding: 2.4 tokens a step" in str(meter.render())
         assert "verification" not in str(meter.render())
+
+
+async def test_escape_ends_a_long_streaming_answer_within_half_a_second(tokenizer, repo, store):
+    """The stream stops at its next token; the UI must not lag seconds behind it (each
+    update of a long answer was rendered in full, in turn, and the turn's end waited behind
+    them: 2.5 s here before)."""
+    reply = "\n\n".join(f"Step {i}: `add` returns **a + b** (calc.py:{i})." for i in range(800))
+    # (a token a millisecond: the engine's thread leaves the UI's the time a real one does)
+    app, _ = slow_app(tokenizer, repo, store, [reply], delay=0.001)
+    async with app.run_test(size=SIZE) as pilot:
+        app.screen.query_one("#prompt").value = "Explain add at length."
+        await pilot.press("enter")
+        end = time.monotonic() + 60
+        while time.monotonic() < end and len(app.screen.log_view.answer_text()) < 6000:
+            await asyncio.sleep(0.05)
+        assert app.busy and len(app.screen.log_view.answer_text()) >= 6000
+        start = time.monotonic()
+        await pilot.press("escape")  # (returns once the screen has caught up)
+        while app.busy and time.monotonic() - start < 10:
+            await asyncio.sleep(0.005)
+        took = time.monotonic() - start
+        assert not app.busy and took < 0.5, f"Esc took {took:.2f} s"
+        await pilot.pause()
+        assert store.messages(app.session.id)[-1].status == "interrupted"
