@@ -26,7 +26,14 @@ HELP = """\
   repeat_penalty, seed (none: random again), steps (tool steps a turn may take)
 - `/help`: this list
 
-Esc cancels an answer; the partial answer is kept."""
+**Keys**
+
+- Enter: send · Shift-Enter or Ctrl-J: a new line (a paste keeps all its lines)
+- Up / Down (on the box's first / last line): the questions sent before in this session
+- Tab: complete a command, or a path in the repository
+- Esc: cancel the answer (the partial answer is kept)
+- ^s: sessions · ^n: new session · ^q: quit
+- ^p: the command palette (the theme is chosen there, among other things)"""
 
 
 class SlashCommands:

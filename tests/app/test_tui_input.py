@@ -10,7 +10,7 @@ from textual import events
 from agentctx.tui.app import AgentApp
 from agentctx.tui.completion import complete
 from agentctx.tui.input_history import InputHistory
-from agentctx.tui.widgets import UserMessage
+from agentctx.tui.widgets import AssistantMessage, UserMessage
 from sessions.store import SessionStore
 from tests.app.scripted import ScriptedEngine
 
@@ -160,3 +160,15 @@ def test_completion_of_odd_input_never_raises(repo):
         complete(before, ["/help", "/export"], str(repo))
     assert complete("calc", ["/help"], None) is None  # a book: no paths
     assert complete("see ca", ["/help"], str(repo)).text == "calc.py "
+
+
+async def test_help_lists_the_keys(tokenizer, repo, store):
+    app = make_app(tokenizer, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        app.screen.query_one("#prompt").value = "/help"
+        await pilot.press("enter")
+        await pilot.pause()
+        (shown,) = [w.text for w in app.screen.query(AssistantMessage)]
+        for key in ("Shift-Enter", "Ctrl-J", "Up / Down", "Tab", "Esc", "^s", "^n", "^q", "^p"):
+            assert key in shown, key
+        assert "theme" in shown and "command palette" in shown
