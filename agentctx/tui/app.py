@@ -26,7 +26,7 @@ class AgentApp(App):
     TITLE = "agentctx"
     CSS = """
     #header { dock: top; height: auto; background: $panel; }
-    #phase { width: auto; max-width: 45%; padding: 0 1; color: $accent; text-style: bold; }
+    #phase { width: auto; max-width: 45%; height: auto; padding: 0 1; color: $accent; text-style: bold; }
     #meter { width: 1fr; height: auto; color: $text-muted; padding: 0 1; }
     #log { height: 1fr; padding: 0 1; }
     #prompt { height: auto; max-height: 8; }  /* grows with its lines, under the log */

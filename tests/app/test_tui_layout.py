@@ -160,3 +160,55 @@ async def test_escape_ends_a_long_streaming_answer_within_half_a_second(tokenize
         assert not app.busy and took < 0.5, f"Esc took {took:.2f} s"
         await pilot.pause()
         assert store.messages(app.session.id)[-1].status == "interrupted"
+
+
+# -- layout: the header and the input box at a wide and a narrow size ---------------------
+
+
+def mid_turn(app) -> None:
+    """A fixed scene: a question of two lines, an answer, its summary, a turn decoding at
+    85% of the window (amber), two lines typed in the box."""
+    screen = app.screen
+    screen.add_user("What does add do?\nAnd where is it tested?")
+    screen.log_view.add_line("`add(a, b)` returns **a + b** (calc.py:2).", markdown=True)
+    screen.log_view.add_line(
+        "6900 tokens in context (6500 reused), time to first token 0.41 s (975 tok/s "
+        "prefill), 60 tokens at 21.5 tok/s; session s-aaaaaa", "summary"
+    )  # fmt: skip
+    screen.status._spinner.pause()  # (a still spinner: the same picture every time)
+    screen.status.set_decode(1234, 45.6)
+    usage = {"prompt_tokens": 6900, "completion_tokens": 60, "cached_tokens": 6500}
+    screen.meter.set_usage(usage, 8192)
+    screen.prompt.value = "first line\nsecond line"
+
+
+def fixed_app(tmp_path) -> AgentApp:
+    from tests.app.test_tui import FixedStore
+
+    return AgentApp(repo=str(tmp_path / "calc"), engine_factory=lambda m: None, store=FixedStore())
+
+
+@pytest.mark.parametrize("size", [(160, 45), (90, 30)])
+def test_snapshot_mid_turn(snap_compare, tmp_path, size):
+    async def before(pilot):
+        mid_turn(pilot.app)
+        await pilot.pause()
+
+    assert snap_compare(fixed_app(tmp_path), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", [(160, 45), (90, 30), (60, 20)])
+async def test_the_header_and_the_input_box_fit_at_any_size(tmp_path, size):
+    app = fixed_app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        mid_turn(app)
+        await pilot.pause()
+        screen = app.screen
+        # the header holds the phase and the meter whole (they wrap, never clip)
+        for widget, text in ((screen.status, "decoding · 1,234 tokens · 45.6 tok/s"),
+                             (screen.meter, "context 6,960 / 8,192 tokens")):  # fmt: skip
+            shown = "".join(strip.text for strip in widget.render_lines(widget.region.reset_offset))
+            assert text.replace(" ", "") in shown.replace(" ", ""), (size, shown)
+        # the input box, borders included, sits above the footer and inside the screen
+        box, footer = screen.prompt.region, screen.query_one("Footer").region
+        assert box.height == 2 + 2 and box.bottom <= footer.y and footer.bottom <= size[1]
