@@ -11,8 +11,9 @@ from sessions.models import Message, Session
 
 
 def question_of(content: str) -> str:
-    """A first user message holds the packed repository; show only its question."""
-    if content.startswith("Repository files:") and "\n\nQuestion: " in content:
+    """A first user message holds the packed repository or book; show only its question."""
+    packed = content.startswith(("Repository files:", "Book chapters:"))
+    if packed and "\n\nQuestion: " in content:
         return content.rsplit("\n\nQuestion: ", 1)[1]
     return content
 

@@ -172,3 +172,20 @@ async def test_help_lists_the_keys(tokenizer, repo, store):
         for key in ("Shift-Enter", "Ctrl-J", "Up / Down", "Tab", "Esc", "^s", "^n", "^q", "^p"):
             assert key in shown, key
         assert "theme" in shown and "command palette" in shown
+
+
+async def test_a_resumed_book_session_recalls_its_question_not_the_book(
+    tokenizer, repo, store, tmp_path
+):
+    book = tmp_path / "tale.txt"
+    book.write_text("A Tale\n\nChapter 1\n\nTom had a red boat.\n")
+    s = store.create(str(book), "book", "default")
+    packed = "Book chapters:\n\nChapter 1\n\nTom had a red boat.\n\nQuestion: Who had a boat?"
+    store.add_message(s.id, "user", packed)
+    store.add_message(s.id, "assistant", "Tom.")
+    app = make_app(tokenizer, repo, store, resume=s.id)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert shown_questions(app) == ["Who had a boat?"]
+        await pilot.press("up")
+        assert app.screen.query_one("#prompt").value == "Who had a boat?"
