@@ -34,7 +34,8 @@ class AssistantMessage(Markdown):
         self.text = text
         if not self.rendering and text != self.shown:
             self.rendering = True
-            self.run_worker(self._render_newest(), group="render")
+            # (a render that fails leaves the last one shown; it must not end the app)
+            self.run_worker(self._render_newest(), group="render", exit_on_error=False)
 
     async def _render_newest(self) -> None:
         try:
