@@ -67,6 +67,8 @@ def run_llamacpp(model: Path, args) -> dict:
     bench = made.binary("llama-bench")
     log = Path(args.log) if args.log else None
     t, r = ["-t", str(args.threads)], ["-r", str(args.reps)]
+    if args.no_repack:  # llama.cpp's repacked (AMX) kernels segfault on some Xeons
+        r += ["--repack", "0"]
     depths = ",".join(map(str, args.decode_contexts))
     prompts = ",".join(map(str, args.prefill_tokens))
     decode = llamacpp.run_bench(bench, ["-m", str(model), *t, "-p", "0", "-n",
@@ -76,6 +78,7 @@ def run_llamacpp(model: Path, args) -> dict:
     return {
         "version": made.version,
         "flags": made.record["flags"],
+        "repack": not args.no_repack,
         "decode": {str(x["n_depth"]): x["avg_ts"] for x in decode},
         "prefill": {str(x["n_prompt"]): x["avg_ts"] for x in prefill},
         "raw": decode + prefill,
@@ -165,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=1, help="repetitions per test, both sides")
     ap.add_argument("--skip", choices=["llamacpp", "ours"], help="measure one side only")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="llama-bench --repack 0: without its repacked weights (on an AMX Xeon "
+                         "their kernels segfault on any batch of more than one token)")  # fmt: skip
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--log", help="append llama-bench's own output here")
     args = ap.parse_args(argv)

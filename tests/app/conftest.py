@@ -17,3 +17,28 @@ def repo(tmp_path) -> Path:
     r.index.add(["README.md", "calc.py"])
     r.index.commit("initial")
     return root
+
+
+@pytest.fixture
+def anyio_backend():
+    """The TUI's and the server's async tests run on asyncio (Textual's loop)."""
+    return "asyncio"
+
+
+@pytest.fixture
+def store(tmp_path):
+    """An empty session store: a real SQLite file in the test's folder."""
+    from sessions.store import SessionStore
+
+    with SessionStore(tmp_path / "sessions.db") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tokenizer(agentctx_home):
+    """The default model's tokenizer (loaded once per module), for the scripted engines."""
+    from transformers import AutoTokenizer
+
+    from engine.loading.loader import resolve_source
+
+    return AutoTokenizer.from_pretrained(resolve_source(None).path)

@@ -15,6 +15,7 @@ from agentctx.tui.app import AgentApp
 from agentctx.tui.widgets import AssistantMessage, LogLine
 from engine import Engine, SamplingParams
 from sessions.store import SessionStore
+from tests.app.pilot_support import submit as submit_line
 from tools.errors import ToolError
 
 SIZE = (100, 30)
@@ -23,11 +24,6 @@ NOTES = " ".join(f"word{i}" for i in range(300))  # a long file no question rank
 
 def words(text: str) -> int:
     return len(text.split())
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 @pytest.fixture
@@ -89,20 +85,14 @@ def engine(agentctx_home):
     return Engine.load(None, device="cpu")
 
 
+async def submit(pilot, text: str) -> None:
+    await submit_line(pilot, text, wait=True)
+
+
 def last(app, cls) -> str:
     found = list(app.screen.query(cls))
     w = found[-1]
     return w.text if isinstance(w, AssistantMessage) else str(w.render())
-
-
-async def submit(pilot, text: str) -> None:
-    prompt = pilot.app.screen.query_one("#prompt")
-    prompt.focus()
-    prompt.value = text
-    await pilot.press("enter")
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 @pytest.mark.anyio

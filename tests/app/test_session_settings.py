@@ -24,11 +24,6 @@ SIZE = (100, 30)
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()

@@ -22,14 +22,10 @@ from agentctx.tui.widgets import (
 from engine import Engine, SamplingParams
 from sessions.models import Session
 from sessions.store import SessionStore
+from tests.app.pilot_support import finish, submit
 
 SIZE = (100, 30)
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")
@@ -39,29 +35,9 @@ def engine(agentctx_home):
     return Engine.load(None, device="cpu")
 
 
-@pytest.fixture
-def store(tmp_path):
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
-
-
 def make_app(engine, repo, store, max_tokens=16, **kw) -> AgentApp:
     params = SamplingParams(max_tokens=max_tokens, **kw)
     return AgentApp(repo=str(repo), engine_factory=lambda model: engine, store=store, params=params)
-
-
-async def submit(pilot, text: str) -> None:
-    prompt = pilot.app.screen.query_one("#prompt")
-    prompt.focus()  # as a user clicks back into it (a click may have moved the focus)
-    prompt.value = text
-    await pilot.press("enter")
-    await pilot.pause()
-
-
-async def finish(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.pause()
 
 
 def texts(app, cls) -> list[str]:

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from agentctx.tui.app import AgentApp
 from agentctx.tui.widgets import AssistantMessage, LogLine
 from engine.loading.loader import resolve_source
-from sessions.store import SessionStore
+from tests.app.pilot_support import finish, submit
 from tests.app.scripted import ScriptedEngine
 from tests.app.tool_templates import HERMES
 
@@ -25,39 +25,14 @@ READ = "<tool_call>" + json.dumps({"name": "read_file", "arguments": {"path": "c
 READ += "</tool_call>"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def tokenizer_path(agentctx_home):
     return resolve_source(None).path
 
 
-@pytest.fixture
-def store(tmp_path):
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
-
-
 def scripted(tokenizer_path, replies, template=HERMES, window=8192) -> ScriptedEngine:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     return ScriptedEngine(tokenizer, template or tokenizer.chat_template, replies, window)
-
-
-async def submit(pilot, text: str) -> None:
-    prompt = pilot.app.screen.query_one("#prompt")
-    prompt.focus()
-    prompt.value = text
-    await pilot.press("enter")
-    await pilot.pause()
-
-
-async def finish(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.pause()
 
 
 def log_lines(app) -> list[str]:

@@ -11,31 +11,10 @@ from agentctx.tui.app import AgentApp
 from agentctx.tui.completion import complete
 from agentctx.tui.input_history import InputHistory
 from agentctx.tui.widgets import AssistantMessage, UserMessage
-from sessions.store import SessionStore
 from tests.app.scripted import ScriptedEngine
 
 SIZE = (100, 30)
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(agentctx_home):
-    from transformers import AutoTokenizer
-
-    from engine.loading.loader import resolve_source
-
-    return AutoTokenizer.from_pretrained(resolve_source(None).path)
-
-
-@pytest.fixture
-def store(tmp_path):
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
 
 
 def make_app(tokenizer, repo, store, replies=("It adds.",), **kw) -> AgentApp:

@@ -14,32 +14,11 @@ import pytest
 from agentctx.output import usage_summary
 from agentctx.tui.app import AgentApp
 from agentctx.tui.widgets import ContextMeter, LogLine
-from sessions.store import SessionStore
 from tests.app.slow_scripted import SlowEngine
 from tests.app.tool_templates import HERMES
 
 SIZE = (100, 30)
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(agentctx_home):
-    from transformers import AutoTokenizer
-
-    from engine.loading.loader import resolve_source
-
-    return AutoTokenizer.from_pretrained(resolve_source(None).path)
-
-
-@pytest.fixture
-def store(tmp_path):
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
 
 
 def slow_app(tokenizer, repo, store, replies, delay=0.1) -> tuple[AgentApp, SlowEngine]:

@@ -13,17 +13,11 @@ from agentctx.remote.backend import connect_backend
 from agentctx.tui.app import AgentApp
 from agentctx.tui.widgets import AssistantMessage, ContextMeter, LogLine
 from engine import SamplingParams
-from sessions.store import SessionStore
 from tests.app.serve_support import ServerProcess, free_port
 from tests.app.test_tui import SIZE, finish, submit, texts
 from tests.reliability.tiny_chat_model import tiny_chat_model
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +30,6 @@ def server(tiny):
     srv = ServerProcess(tiny)
     yield srv
     srv.stop()
-
-
-@pytest.fixture
-def store(tmp_path):
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
 
 
 def remote_app(url: str, model: str | None, repo, store) -> AgentApp:

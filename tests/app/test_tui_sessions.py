@@ -14,11 +14,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def store(tmp_path):
     with SessionStore(tmp_path / "sessions.db") as s:
         calc = s.create("/r/calc", "repo", "smollm2-135m")
