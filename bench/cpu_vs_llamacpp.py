@@ -74,7 +74,7 @@ def run_llamacpp(model: Path, args) -> dict:
     decode = llamacpp.run_bench(bench, ["-m", str(model), *t, "-p", "0", "-n",
                                         str(args.new_tokens), "-d", depths, *r], log)  # fmt: skip
     prefill = llamacpp.run_bench(bench, ["-m", str(model), *t, "-p", prompts, "-n", "0",
-                                         "--no-warmup", *r], log)  # fmt: skip
+                                         "--no-warmup", *r], log) if prompts else []  # fmt: skip
     return {
         "version": made.version,
         "flags": made.record["flags"],
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--weights", nargs="+", default=["dense", "int4"], help="our modes to run")
     ap.add_argument("--decode-contexts", type=int, nargs="+", default=[512, 16384])
-    ap.add_argument("--prefill-tokens", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--prefill-tokens", type=int, nargs="*", default=[4096, 16384])
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=1, help="repetitions per test, both sides")
     ap.add_argument("--skip", choices=["llamacpp", "ours"], help="measure one side only")
