@@ -87,7 +87,9 @@ LOCK_NAMES = frozenset(
 GENERATED_SUFFIXES = (".min.js", ".min.css", ".map", ".svg", ".lock")
 VENDOR_DIRS = frozenset(
     {"vendor", "vendored", "_vendor", "third_party", "third-party", "thirdparty",
-     "node_modules", "bower_components", "external", "extern"}
+     "node_modules", "bower_components", "external", "extern",
+     # what a build wrote: packages, bundles, copies of the sources
+     "dist", "build", "site-packages", "__pypackages__"}
 )  # fmt: skip
 TEMPLATE_DIRS = frozenset({"issue_template", "pull_request_template", "discussion_template"})
 # Data a program wrote (results, logs) matches a question's words by repeating them; its

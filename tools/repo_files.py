@@ -24,6 +24,7 @@ from tools.secrets import is_secret, secret_reason
 
 # Directories that are never source, even when nobody listed them in .gitignore.
 ALWAYS_SKIPPED = frozenset({".git", ".venv", "node_modules", "__pycache__"})
+VENV_MARKER = "pyvenv.cfg"  # the file every Python virtual environment has at its top
 PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
 # Patterns, in gitignore's syntax, for what agentctx leaves out on top of .gitignore.
 AGENTCTX_IGNORE = ".agentctxignore"
@@ -95,8 +96,17 @@ def list_files(root: str | os.PathLike[str]) -> list[str]:
     listed = _git_listing(base)
     if listed is None:
         listed = _walk_listing(base)
-    kept = _not_agentctx_ignored(base, set(listed))
+    kept = _not_agentctx_ignored(base, set(_outside_venvs(listed)))
     return sorted(show_path(path) for path in kept if _is_listable(base, path))
+
+
+def _outside_venvs(listed: list[str]) -> list[str]:
+    """The paths not inside a Python virtual environment (a folder holding pyvenv.cfg, under
+    any name: venv/, env/, .tox/py311/): installed packages, not the project's files."""
+    venvs = {path[: -len(VENV_MARKER)] for path in listed if path.endswith("/" + VENV_MARKER)}
+    if not venvs:
+        return listed
+    return [p for p in listed if not any(p.startswith(v) for v in venvs)]
 
 
 def head_commit(root: str | os.PathLike[str]) -> str | None:
@@ -217,6 +227,9 @@ def _walk_listing(base: Path) -> list[str]:
     for dir_path, dir_names, file_names in os.walk(base):
         rel_dir = Path(dir_path).relative_to(base).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir
+        if VENV_MARKER in file_names and rel_dir:  # a virtual environment: none of it
+            dir_names[:] = []
+            continue
         spec = _load_gitignore(Path(dir_path) / ".gitignore")
         if spec is not None:
             specs[rel_dir] = spec

@@ -147,6 +147,9 @@ BOILERPLATE = {
     "LICENSE": "MIT License\n\nEngine copyright holders...\n",
     "package-lock.json": '{"name": "engine", "lockfileVersion": 3}\n',
     "vendor/six.py": "class Engine:\n    pass\n",
+    # what a build wrote: a copy of the sources and a bundle
+    "build/lib/demo/engine.py": "class Engine:\n    def step(self):\n        pass\n",
+    "dist/engine.js": "class Engine { step() {} }\n",
 }
 
 

@@ -161,6 +161,24 @@ def test_list_files_walks_a_plain_directory_honouring_gitignore(tmp_path: Path) 
     ]
 
 
+@pytest.mark.parametrize("in_git", [True, False], ids=["git", "plain"])
+def test_list_files_leaves_out_a_virtual_environment_whatever_its_name(
+    tmp_path: Path, in_git: bool
+) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    if in_git:
+        git.Repo.init(root).close()  # the venv is untracked and not ignored: git lists it
+    write(root, "app.py")
+    for venv in ("venv", "tools/env"):
+        write(root, f"{venv}/pyvenv.cfg", "home = /usr/bin\n")
+        write(root, f"{venv}/lib/python3.11/site-packages/pkg/__init__.py")
+        write(root, f"{venv}/bin/activate")
+    write(root, "venvs.md")  # a name that only starts like one
+    write(root, "env/settings.py")  # a folder named env without pyvenv.cfg is the project's
+    assert list_files(root) == ["app.py", "env/settings.py", "venvs.md"]
+
+
 def test_list_files_in_a_plain_directory_skips_symlinks_leaving_it(tmp_path: Path) -> None:
     root = tmp_path / "plain"
     write(root, "real.py")
