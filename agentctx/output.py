@@ -17,6 +17,32 @@ def result_summary(call) -> str:
     return f"{len(lines)} lines: {first}" if len(lines) > 1 else first or "(empty)"
 
 
+class SilentOutput:
+    """An output that shows nothing: the base of one that keeps only part of a turn (a
+    benchmark's, a test's)."""
+
+    def info(self, line: str) -> None:
+        pass
+
+    def prefill(self, done: int, total: int) -> None:
+        pass
+
+    def text(self, delta: str) -> None:
+        pass
+
+    def compacted(self, line: str, data: dict) -> None:
+        pass
+
+    def tool_call(self, call) -> None:
+        pass
+
+    def tool_result(self, call) -> None:
+        pass
+
+    def end(self, usage: dict) -> None:
+        pass
+
+
 class TextOutput:
     def __init__(self, out=None, err=None):
         self.out = out or sys.stdout

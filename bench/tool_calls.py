@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from agentctx.output import SilentOutput  # (the standard library only)
+
 # (module, the function holding the fact, its body, the question, what the answer must say)
 CASES = [
     ("pricing.py", "express_surcharge(weight)", "return weight * 3 + 17",
@@ -74,23 +76,11 @@ def make_repo(root: str) -> None:
     subprocess.run([*git, "commit", "-qm", "shop"], check=True)
 
 
-class Quiet:
+class Quiet(SilentOutput):
     """An output that keeps the tool calls and results of a turn."""
 
     def __init__(self, show: bool) -> None:
         self.show, self.calls = show, []
-
-    def info(self, line):
-        pass
-
-    def prefill(self, done, total):
-        pass
-
-    def text(self, delta):
-        pass
-
-    def tool_call(self, call):
-        pass
 
     def tool_result(self, call):
         self.calls.append((call.label(), call.output.splitlines()[0][:100] if call.output else ""))

@@ -52,12 +52,13 @@ show() {  # the pane as it is now, under a heading
     echo
 }
 
-expect() {  # expect TEXT [SECONDS]: wait until the pane shows TEXT, else fail
-    local text=$1 limit=${2:-$WAIT} waited=0
-    until pane | grep -qF -- "$text"; do
+wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds, else fail
+    local limit=$1 what=$2 waited=0
+    shift 2
+    until "$@"; do
         if ((waited >= limit * 2)); then
-            show "MISSING after ${limit} s: $text"
-            echo "tui_smoke.sh: the screen never showed: $text" >&2
+            show "MISSING after ${limit} s: $what"
+            echo "tui_smoke.sh: the screen never showed $what" >&2
             exit 1
         fi
         sleep 0.5
@@ -65,19 +66,18 @@ expect() {  # expect TEXT [SECONDS]: wait until the pane shows TEXT, else fail
     done
 }
 
+shows() { pane | grep -qF -- "$1"; }
+
 count() { pane | grep -cF -- "$1" || true; }
 
+more_than() { (($(count "$1") > $2)); }
+
+expect() {  # expect TEXT [SECONDS]: wait until the pane shows TEXT, else fail
+    wait_for "${2:-$WAIT}" "$1" shows "$1"
+}
+
 expect_more() {  # expect_more TEXT N: wait until TEXT shows on more than N lines
-    local text=$1 before=$2 waited=0
-    until (($(count "$text") > before)); do
-        if ((waited >= WAIT * 2)); then
-            show "MISSING after ${WAIT} s: one more '$text'"
-            echo "tui_smoke.sh: the screen never showed another: $text" >&2
-            exit 1
-        fi
-        sleep 0.5
-        waited=$((waited + 1))
-    done
+    wait_for "$WAIT" "one more '$1'" more_than "$1" "$2"
 }
 
 type_line() {  # type a line into the prompt and send it

@@ -25,6 +25,7 @@ from agentctx.compaction import (
     fit,
     turn_starts,
 )
+from agentctx.output import SilentOutput
 from engine.loading.loader import resolve_source
 from sessions.store import SessionStore
 from tests.app.scripted import ScriptedEngine
@@ -293,7 +294,7 @@ def test_the_packed_context_kv_is_reused_after_a_compaction(small_window_engine,
     assert all(u["prompt_tokens"] + 64 <= 512 for u, _ in usages)
 
 
-class Recorder:
+class Recorder(SilentOutput):
     """An output that keeps what a turn says, and the compaction events."""
 
     def __init__(self) -> None:
@@ -305,18 +306,6 @@ class Recorder:
     def compacted(self, line, data):
         self.lines.append(line)
         self.events.append(data)
-
-    def prefill(self, done, total):
-        pass
-
-    def text(self, delta):
-        pass
-
-    def tool_call(self, call):
-        pass
-
-    def tool_result(self, call):
-        pass
 
 
 def test_a_tool_result_that_fills_the_window_leaves_the_earlier_turns_out(tokenizer_path, repo):
