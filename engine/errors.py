@@ -34,3 +34,8 @@ class ContextTooLongError(EngineError):
 
 class CacheFullError(EngineError):
     pass
+
+
+class StepCancelled(Exception):
+    """Every sequence of a step was cancelled while it ran, so the step stopped between two
+    layers (a long prefill chunk on the CPU). Internal: the engine ends those requests."""

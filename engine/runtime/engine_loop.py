@@ -13,7 +13,7 @@ import time
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import ContextTooLongError, EngineError
+from engine.errors import ContextTooLongError, EngineError, StepCancelled
 from engine.kv.dense_kv import DenseKV
 from engine.kv.session import EngineSession
 from engine.kv.snapshot import engine_identity
@@ -144,9 +144,8 @@ class EngineLoop:
         the GPU does not idle while the host does its bookkeeping."""
         with self._lock:
             for req in list(self.requests.values()):
-                if req.cancelled.is_set() and not req.done:
-                    self.scheduler.finish(req.seq, "cancelled")
-                    self._finish(req)
+                if req.cancelled.is_set():
+                    self._cancel(req)
             if self._ahead is not None:
                 out, handle = self._ahead  # launched by the previous call
                 self._ahead = None
@@ -169,7 +168,12 @@ class EngineLoop:
                 sampled = self.runner.collect(handle)
             else:
                 t0 = time.perf_counter()
-                sampled = self.runner.run(out)
+                try:
+                    sampled = self.runner.run(out, stop=all_cancelled(self.requests, out))
+                except StepCancelled:  # everyone in it went while it ran: end them now
+                    for item in out.scheduled:
+                        self._cancel(self.requests.get(item.seq.seq_id))
+                    return
                 if (
                     self.spec is not None
                     and out.scheduled
@@ -193,6 +197,11 @@ class EngineLoop:
                 # the batch changed under the launched step: drop its results (its KV writes
                 # land in slots nobody reads); the scheduler takes over again
                 self._ahead = None
+
+    def _cancel(self, req) -> None:
+        if req is not None and not req.done:
+            self.scheduler.finish(req.seq, "cancelled")
+            self._finish(req)
 
     def _speculative_step(self, out, drafts: dict, probs: dict) -> None:
         """Verify every sequence's draft in one forward, then commit the emitted tokens one
@@ -319,3 +328,13 @@ class EngineLoop:
         if self._identity is None:
             self._identity = engine_identity(self)
         return dict(self._identity)
+
+
+def all_cancelled(requests: dict, out):
+    """A check the runner makes between layers: whether every request of the step has been
+    cancelled since it began (None where some sequence has no request)."""
+    reqs = [requests.get(item.seq.seq_id) for item in out.scheduled]
+    if not reqs or None in reqs:
+        return None
+    flags = [req.cancelled for req in reqs]
+    return lambda: all(flag.is_set() for flag in flags)

@@ -9,6 +9,7 @@ import time
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.errors import StepCancelled
 from engine.kv.dense_kv import DenseKV
 from engine.kv.pool import KVCache
 from engine.layers.rope import RotaryEmbedding
@@ -123,8 +124,10 @@ class ModelRunner:
         return self.decode_graphs.collect(handle)
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> dict[int, int]:
-        """Run one step; returns the sampled token for each sequence that samples."""
+    def run(self, out: SchedulerOutput, stop=None) -> dict[int, int]:
+        """Run one step; returns the sampled token for each sequence that samples. `stop`
+        (a callable): where it says so between two layers of a prefill on the CPU, the step
+        ends there with StepCancelled (its KV writes land in pages nobody will read)."""
         if self.graph_eligible(out):
             return self.collect(self.launch(out))
         t0 = time.perf_counter()
@@ -135,7 +138,7 @@ class ModelRunner:
         if self.decode_graphs is not None and self.decode_graphs.eligible(batch):
             logits = self.decode_graphs.replay(batch)
         else:
-            hidden = self.eager_hidden(batch, self._dense_kv_for(out))
+            hidden = self.eager_hidden(batch, self._dense_kv_for(out), stop=stop)
             logits = self.model.compute_logits(hidden[self._to_device(batch.sample_idx)])
         gens = [self._generator(item.seq) for item in sampling]
         generated = [item.seq.completion_token_ids for item in sampling]
@@ -187,10 +190,11 @@ class ModelRunner:
         return freed
 
     def eager_hidden(
-        self, batch: StepInputs, dense_kv: list | None = None, verify: bool = False
+        self, batch: StepInputs, dense_kv: list | None = None, verify: bool = False, stop=None
     ) -> torch.Tensor:
         """Forward pass without CUDA graphs: final hidden states [T, hidden]. verify: the
-        step is a verification (k+1 query tokens per sequence: sparse over the tiers)."""
+        step is a verification (k+1 query tokens per sequence: sparse over the tiers). stop:
+        as for run."""
         b = batch
         ctx = StepContext(
             page_size=self.page_size,
@@ -209,6 +213,8 @@ class ModelRunner:
         )
         n = b.query_lens[0]
         decode = (n == 1 or verify) and all(q == n for q in b.query_lens)  # decode or verify
+        if stop is not None and not decode and self.device.type == "cpu":
+            ctx.layer_hook = _stop_check(stop)  # a chunk takes seconds there: check each layer
         if self.tiers is not None:
             ctx.tiers = self.tiers
             self.tiers.end_step(max(b.kv_lens))
@@ -268,3 +274,11 @@ def make_forecast(model, sparse):
             return forecast.TrainingFreeForecast(model)
         return forecast.load_forecast(model, path)
     return None
+
+
+def _stop_check(stop):
+    def check(layer: int) -> None:
+        if stop():
+            raise StepCancelled(f"cancelled after layer {layer}")
+
+    return check

@@ -190,3 +190,38 @@ def test_a_step_cancelled_in_flight_is_not_planned_again(checkpoint):
     free = engine.block_manager.num_free_blocks
     assert engine._plan_ahead(SchedulerOutput([ScheduledSeq(req.seq, 1, True)], [])) is None
     assert engine.block_manager.num_free_blocks == free
+
+
+def test_a_prefill_cancelled_mid_step_stops_at_the_next_layer(checkpoint):
+    """A long prefill chunk takes seconds on a small CPU: a cancel that arrives while it
+    runs ends the step after the layer running then, not after the whole model. The cancel
+    is set from inside layer 0 here (as a thread would, while it runs); layer 1 must not
+    run, the request ends cancelled with no token, its blocks are freed, and the engine
+    then gives the tokens a fresh engine gives."""
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    want = load_engine(checkpoint).generate([prompts()[3]], params)[0].token_ids
+    engine = load_engine(checkpoint)
+    layers = engine.model.layers
+    req = engine.add_request(prompts()[3], SamplingParams(max_tokens=8, ignore_eos=True))
+    runs = []
+    first, second = layers[0].forward, layers[1].forward
+
+    def layer0(*args, **kw):
+        runs.append(0)
+        req.cancelled.set()
+        return first(*args, **kw)
+
+    def layer1(*args, **kw):
+        runs.append(1)
+        return second(*args, **kw)
+
+    layers[0].forward, layers[1].forward = layer0, layer1
+    try:
+        engine.step()
+    finally:
+        del layers[0].forward, layers[1].forward  # back to the class's method
+    assert runs == [0]
+    assert req.done and req.seq.finish_reason == "cancelled" and not req.seq.completion_token_ids
+    assert not engine.has_unfinished()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.generate([prompts()[3]], params)[0].token_ids == want
