@@ -101,6 +101,14 @@ class RemoteBackend(Backend):
     def save_snapshot(self, es, session_id, output) -> None:
         """Nothing: a remote backend's KV lives in the server's prefix cache."""
 
+    def prompt_tokens(self, turn, messages: list[dict]) -> int:
+        """The tokens of a turn's first prompt over `messages`, as run_remote_turn sends it
+        (the server's count where it has /tokenize, else the estimate packing uses)."""
+        from agentctx.remote.turn import turn_prompt
+
+        _, _, tools, convo = turn_prompt(self, turn, messages)
+        return self.counter.chat_count(convo, tools)
+
     # -- the loop's steps (agentctx.remote.turn) --------------------------------------------
 
     def check_room(self, convo: list[dict], tools) -> int:

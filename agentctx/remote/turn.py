@@ -66,14 +66,21 @@ class Totals:
         }
 
 
-def run_remote_turn(backend, turn, output, links) -> TurnResult:
-    """turn (agentctx.conversation.Turn) on `backend` (RemoteBackend); links: TurnLinks."""
+def turn_prompt(backend, turn, messages: list[dict]) -> tuple:
+    """(tool format or None, the tools' names, their schemas or None, the first step's
+    messages): what a turn over `messages` sends."""
     from tools.registry import BOOK_TOOLS, REPO_TOOLS, schemas
 
     fmt = backend.tool_fmt if turn.root and turn.max_steps > 0 else None
     names = BOOK_TOOLS if turn.kind == "book" else REPO_TOOLS
     tools = schemas(names) if fmt else None
-    convo = with_tool_prompt(turn.messages, turn.kind, fmt) if fmt else list(turn.messages)
+    convo = with_tool_prompt(messages, turn.kind, fmt) if fmt else list(messages)
+    return fmt, names, tools, convo
+
+
+def run_remote_turn(backend, turn, output, links) -> TurnResult:
+    """turn (agentctx.conversation.Turn) on `backend` (RemoteBackend); links: TurnLinks."""
+    fmt, names, tools, convo = turn_prompt(backend, turn, turn.messages)
     steps, totals, max_steps = [], Totals(), turn.max_steps
     question, final, retried = question_of(turn.messages), False, False
     for step_no in range(max_steps + 2):

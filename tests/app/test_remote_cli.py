@@ -107,3 +107,34 @@ def test_smollm2_served_answers_as_embedded(default_checkpoint, repo):
         srv.stop()
     assert remote.returncode == 0 and local.returncode == 0, remote.stderr + local.stderr
     assert remote.stdout.strip() and remote.stdout == local.stdout
+
+
+def test_a_remote_session_past_the_window_goes_on_and_says_what_it_left_out(
+    server, tiny, repo, tmp_path
+):
+    """The server's prompt counts (its /tokenize) drive the compaction a follow-up needs:
+    with config.json giving the named backend a window a few turns longer than the first
+    prompt, the follow-ups that would overflow it leave the oldest turns out, say so, and
+    answer; the store keeps every turn."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"CLI_TEST_KEY": KEY, "AGENTCTX_HOME": str(home)}
+    first = ask("--backend", server.url + "/v1", "--api-key-env", "CLI_TEST_KEY", "--repo",
+                str(repo), "--session", "long", "--json", env=env)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    usage = next(e for e in map(json.loads, first.stdout.splitlines()) if e["type"] == "usage")
+    window = usage["prompt_tokens"] + 12 + 80  # room for the answer and a few short turns
+    backend = {"url": server.url + "/v1", "api_key_env": "CLI_TEST_KEY", "window": window}
+    (home / "config.json").write_text(json.dumps({"backends": {"small": backend}}))
+    said = []
+    for _ in range(6):
+        follow = ask("--backend", "small", "--session", "long", env=env)
+        assert follow.returncode == 0, follow.stderr
+        said += [x for x in follow.stderr.splitlines() if x.startswith("context: left out")]
+    assert said and f"{window:,}-token window" in said[0]
+    from sessions.store import SessionStore
+
+    with SessionStore(home / "sessions.db") as store:
+        (session,) = store.list()
+        answers = [m for m in store.messages(session.id) if m.role == "assistant"]
+    assert len(answers) == 7
