@@ -98,6 +98,13 @@ class TextOutput:
             self.progress.line(usage_summary(usage))
 
 
+def _decoded(tokens, rate: float) -> str:
+    """N tokens at R tok/s; one token has no rate (it came with the first token's time)."""
+    if tokens == 1:
+        return "1 token"
+    return f"{tokens} tokens at {rate:.1f} tok/s"
+
+
 def usage_summary(usage: dict) -> str:
     """The summary line of a turn's usage record: context and reuse, time to first token,
     tokens and their rate, then what the sparse cache, the prefetch, speculation and
@@ -105,7 +112,7 @@ def usage_summary(usage: dict) -> str:
     return (
         f"{usage['prompt_tokens']} tokens in context ({usage['cached_tokens']} reused), "
         f"time to first token {usage['ttft_s']:.2f} s ({usage['prefill_tok_s']:,.0f} tok/s prefill), "
-        f"{usage['completion_tokens']} tokens at {usage['decode_tok_s']:.1f} tok/s"
+        + _decoded(usage["completion_tokens"], usage["decode_tok_s"])
         + (
             f"; sparse: {usage['selected_pages_per_step']:.0f} pages per layer-step, "
             f"{usage['fetch_fraction']:.1%} fetched from the host"
