@@ -213,3 +213,38 @@ def test_a_tool_call_runs_here_and_its_result_goes_back(tool_model, repo):
     assert result.answer == serve_support.ANSWER and result.finish_reason == "stop"
     assert result.usage["steps"] == 2 and result.usage["tool_calls_succeeded"] == 1
     assert result.usage["cached_tokens"] > 0  # the second step reused the first's prompt
+
+
+def test_a_tool_result_that_fills_the_window_leaves_the_earlier_turns_out(tool_model, repo):
+    """Mid-turn, as the embedded loop does: the step after a grep whose result would
+    overflow the window leaves the session's earlier turns out, and the turn goes on."""
+    import json
+
+    model, srv = tool_model
+    adders = "".join(f"def add_{i}(a, b):\n    return a + b + {i}\n" for i in range(40))
+    (repo / "adders.py").write_text(adders)  # 40 more lines for grep 'add' to return
+    turn = Turn("Where is add?", str(repo), "repo",
+                params=SamplingParams(max_tokens=64, temperature=0.0), max_steps=2)  # fmt: skip
+    earlier = []
+    for i in range(6):
+        earlier += [{"role": "assistant", "content": f"Answer {i}: " + "calc adds. " * 60},
+                    {"role": "user", "content": f"Question {i}?"}]  # fmt: skip
+    root = {"role": "user", "content": "Repository files: calc.py\n\nQuestion: What is calc?"}
+    turn.messages = [root, *earlier[:-1], {"role": "user", "content": turn.question}]
+    probe = RemoteBackend.connect(BackendSpec(srv.url, [srv.url], model))
+    first = probe.prompt_tokens(turn, turn.messages)
+    probe.client.close()
+    window = first + 64 + 120  # the first step fits; the grep's result does not
+    backend = RemoteBackend.connect(BackendSpec(srv.url, [srv.url], model, window=window))
+    out = io.StringIO()
+    convo = Conversation(backend)
+    convo.open(None, JsonOutput(out))
+    result = convo.run(turn, JsonOutput(out))
+    (step,) = result.steps
+    (call,) = step.calls
+    assert call.name == "grep", (step.content, call)
+    assert call.result.count("add") > 40  # the big result was sent
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    (compaction,) = [e for e in events if e["type"] == "compaction"]
+    assert compaction["left_out"]["turns"] > 0 and compaction["prompt_tokens"] + 64 <= window
+    assert result.usage["prompt_tokens"] + 64 <= window
