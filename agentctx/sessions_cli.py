@@ -20,6 +20,7 @@ def _session_dict(s) -> dict:
     return {
         "id": s.id, "name": s.name, "root": s.root, "root_kind": s.root_kind, "model": s.model,
         "created": s.created, "updated": s.updated, "messages": s.message_count,
+        "turns": s.turns, "title": s.label or None,
     }  # fmt: skip
 
 
@@ -37,9 +38,12 @@ def sessions_list(as_json: bool, limit: int | None, search: str | None) -> None:
     if as_json:
         click.echo(json.dumps([_session_dict(s) for s in rows], indent=2))
         return
-    for s in rows:
-        label = f" ({s.name})" if s.name else ""
-        click.echo(f"{s.id}{label}  {s.updated[:19]}  {s.message_count:3d} messages  {s.root}")
+    for s in rows:  # as the TUI's list: what it is, what it reads, model, turns, last use
+        name = f" ({s.name})" if s.name else ""
+        title = s.label if len(s.label) <= 60 else s.label[:59] + "…"
+        turns = f"{s.turns} turn" + ("" if s.turns == 1 else "s")
+        reads = f"book: {s.root}" if s.root_kind == "book" else s.root
+        click.echo(f"{s.id}{name}  {title}  {reads}  {s.model}  {turns}  {s.updated[:19]}")
 
 
 @sessions.command("show")

@@ -68,6 +68,9 @@ def test_sessions_list_show_rename_rm(home):
     s = make_session(home)
     listed = json.loads(agentctx("sessions", "list", "--json").stdout)
     assert [x["id"] for x in listed] == [s.id] and listed[0]["messages"] == 2
+    assert listed[0]["turns"] == 1 and listed[0]["title"] == "What is this?"
+    (line,) = agentctx("sessions", "list").stdout.splitlines()
+    assert line.startswith(f"{s.id} (demo)  What is this?  /tmp/x  default  1 turn  ")
     shown = json.loads(agentctx("sessions", "show", "demo", "--json").stdout)
     assert [m["role"] for m in shown["messages"]] == ["user", "assistant"]
     assert "A demo" in agentctx("sessions", "show", s.id).stdout
