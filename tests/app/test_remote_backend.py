@@ -195,6 +195,19 @@ def tool_model(default_checkpoint, tmp_path_factory):
     srv.stop()
 
 
+def one_call_turn(backend, turn) -> tuple:
+    """(the turn's result, its --json events, its one step's one call), run on `backend`."""
+    import json
+
+    out = io.StringIO()
+    convo = Conversation(backend)
+    convo.open(None, JsonOutput(out))
+    result = convo.run(turn, JsonOutput(out))
+    (step,) = result.steps
+    (call,) = step.calls
+    return result, [json.loads(line) for line in out.getvalue().splitlines()], call
+
+
 def test_a_tool_call_runs_here_and_its_result_goes_back(tool_model, repo):
     model, srv = tool_model
     backend = RemoteBackend.connect(BackendSpec(srv.url, [srv.url], model))
@@ -202,12 +215,7 @@ def test_a_tool_call_runs_here_and_its_result_goes_back(tool_model, repo):
     turn = Turn("Where is add?", str(repo), "repo",
                 params=SamplingParams(max_tokens=64, temperature=0.0), max_steps=2)  # fmt: skip
     turn.messages = [{"role": "user", "content": turn.question}]
-    out = io.StringIO()
-    convo = Conversation(backend)
-    convo.open(None, JsonOutput(out))
-    result = convo.run(turn, JsonOutput(out))
-    (step,) = result.steps
-    (call,) = step.calls
+    result, _, call = one_call_turn(backend, turn)
     assert (call.name, call.arguments) == ("grep", {"pattern": "add"})
     assert call.error is None and call.result == GREP_RESULT
     assert result.answer == serve_support.ANSWER and result.finish_reason == "stop"
@@ -218,8 +226,6 @@ def test_a_tool_call_runs_here_and_its_result_goes_back(tool_model, repo):
 def test_a_tool_result_that_fills_the_window_leaves_the_earlier_turns_out(tool_model, repo):
     """Mid-turn, as the embedded loop does: the step after a grep whose result would
     overflow the window leaves the session's earlier turns out, and the turn goes on."""
-    import json
-
     model, srv = tool_model
     adders = "".join(f"def add_{i}(a, b):\n    return a + b + {i}\n" for i in range(40))
     (repo / "adders.py").write_text(adders)  # 40 more lines for grep 'add' to return
@@ -236,15 +242,8 @@ def test_a_tool_result_that_fills_the_window_leaves_the_earlier_turns_out(tool_m
     probe.client.close()
     window = first + 64 + 120  # the first step fits; the grep's result does not
     backend = RemoteBackend.connect(BackendSpec(srv.url, [srv.url], model, window=window))
-    out = io.StringIO()
-    convo = Conversation(backend)
-    convo.open(None, JsonOutput(out))
-    result = convo.run(turn, JsonOutput(out))
-    (step,) = result.steps
-    (call,) = step.calls
-    assert call.name == "grep", (step.content, call)
-    assert call.result.count("add") > 40  # the big result was sent
-    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    result, events, call = one_call_turn(backend, turn)
+    assert call.name == "grep" and call.result.count("add") > 40  # the big result was sent
     (compaction,) = [e for e in events if e["type"] == "compaction"]
     assert compaction["left_out"]["turns"] > 0 and compaction["prompt_tokens"] + 64 <= window
     assert result.usage["prompt_tokens"] + 64 <= window
