@@ -111,11 +111,13 @@ class RemoteBackend(Backend):
 
     # -- the loop's steps (agentctx.remote.turn) --------------------------------------------
 
-    def check_room(self, convo: list[dict], tools) -> int:
-        """The prompt's tokens; a prompt that fills the window is an error, as embedded."""
+    def check_room(self, convo: list[dict], tools, tokens: int | None = None) -> int:
+        """The prompt's tokens (`tokens`, where already counted); a prompt that fills the
+        window is an error, as embedded."""
         from engine import ContextTooLongError
 
-        tokens = self.counter.chat_count(convo, tools)
+        if tokens is None:
+            tokens = self.counter.chat_count(convo, tools)
         if tokens >= self._window:
             raise ContextTooLongError(tokens, self._window, what="the conversation")
         return tokens

@@ -78,17 +78,18 @@ def turn_prompt(backend, turn, messages: list[dict]) -> tuple:
     return fmt, names, tools, convo
 
 
-def fit_step(backend, convo: list[dict], tools, turn, output) -> list[dict]:
-    """A step's messages as sent: where they and the answer's room would overflow the
-    window, with the earlier turns' tool results, then the earlier turns, left out (as
-    agentctx.ask.run_turn does mid-turn; the turn's own steps stay)."""
+def fit_step(backend, convo: list[dict], tools, turn, output) -> tuple[list[dict], int | None]:
+    """(a step's messages as sent, their tokens where counted here): where they and the
+    answer's room would overflow the window, with the earlier turns' tool results, then the
+    earlier turns, left out (as agentctx.ask.run_turn does mid-turn; the turn's own steps
+    stay)."""
     from agentctx.compaction import Compaction, compact_to_fit
 
     count = lambda messages: backend.counter.chat_count(messages, tools)
-    room = turn.params.max_tokens
-    if count(convo) + room <= backend.window:
-        return convo
-    return compact_to_fit(convo, count, backend.window, room, Compaction(), output)[1]
+    room, tokens = turn.params.max_tokens, count(convo)
+    if tokens + room <= backend.window:
+        return convo, tokens
+    return compact_to_fit(convo, count, backend.window, room, Compaction(), output)[1], None
 
 
 def run_remote_turn(backend, turn, output, links) -> TurnResult:
@@ -97,9 +98,10 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
     steps, totals, max_steps = [], Totals(), turn.max_steps
     question, final, retried = question_of(turn.messages), False, False
     for step_no in range(max_steps + 2):
+        tokens = None
         if step_no:  # a tool step's results may fill the window: leave earlier turns out
-            convo = fit_step(backend, convo, tools, turn, output)
-        prompt_tokens = backend.check_room(convo, tools)
+            convo, tokens = fit_step(backend, convo, tools, turn, output)
+        prompt_tokens = backend.check_room(convo, tools, tokens)
         try:
             reply = backend.step(convo, tools, fmt, turn, output, links, prompt_tokens)
         except KeyboardInterrupt as e:

@@ -331,8 +331,11 @@ class EngineLoop:
 
 
 def all_cancelled(requests: dict, out):
-    """A check the runner makes between layers: whether every request of the step has been
-    cancelled since it began (None where some sequence has no request)."""
+    """A check the runner makes between layers of a prefill: whether every request of the
+    step has been cancelled since it began (None for a step of decodes, which the runner
+    does not stop, or where some sequence has no request)."""
+    if all(item.is_decode for item in out.scheduled):
+        return None
     reqs = [requests.get(item.seq.seq_id) for item in out.scheduled]
     if not reqs or None in reqs:
         return None
