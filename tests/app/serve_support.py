@@ -10,6 +10,7 @@ checkpoint, the template renders the tools, and the agent loop's parser reads th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -51,6 +52,25 @@ TOOL_TEMPLATE = HERMES.replace(
     "{%- if add_generation_prompt %}",
     "{%- if add_generation_prompt and messages[-1].role != 'tool' %}",
 )
+
+
+@contextlib.contextmanager
+def refusing_port(first_for: str | None = None, beside: str = ""):
+    """A port on 127.0.0.1 that refuses connections while the block runs: bound and not
+    listening, so no other socket takes it meanwhile. With `first_for` (a routing key), one
+    whose URL http://127.0.0.1:PORT/v1 the replicas [it, beside] try first for that key."""
+    from agentctx.remote.routing import Replicas
+
+    with contextlib.ExitStack() as held:
+        for _ in range(64):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            url = f"http://127.0.0.1:{port}/v1"
+            if first_for is None or Replicas([url, beside]).order(first_for)[0] == url:
+                yield port
+                return
+        raise AssertionError("no port ranks first for the key in 64 tries")
 
 
 def free_port() -> int:

@@ -22,7 +22,11 @@ from agentctx.remote.backend_config import BackendSpec
 from agentctx.remote.client import RemoteError
 from engine import SamplingParams
 from tests.app import serve_support
-from tests.app.serve_support import ServerProcess, free_port, scripted_tool_model
+from tests.app.serve_support import (
+    ServerProcess,
+    refusing_port,
+    scripted_tool_model,
+)
 from tests.reliability.tiny_chat_model import tiny_chat_model
 
 GREP_RESULT = "calc.py:1: def add(a, b):"  # grep add in the `repo` fixture
@@ -134,19 +138,27 @@ def test_a_server_that_refuses_tools_gets_the_turn_without_them(server, tiny, ke
 
 
 def test_a_replica_that_is_down_is_passed_over(server, tiny, keyed, repo):
-    dead = f"http://127.0.0.1:{free_port()}/v1"
-    urls = [dead, server.url + "/v1"]
-    backend = RemoteBackend.connect(BackendSpec("two", urls, tiny, keyed))
-    result, _, _ = run_turn(backend, repo, "What is calc?", max_tokens=4)
+    # the dead replica is the first choice of the requests made on connecting (PROBE_KEY),
+    # so it is tried whichever replica the turn's new session id picks
+    from agentctx.remote.backend import PROBE_KEY
+
+    with refusing_port(PROBE_KEY, server.url + "/v1") as port:
+        dead = f"http://127.0.0.1:{port}/v1"
+        urls = [dead, server.url + "/v1"]
+        backend = RemoteBackend.connect(BackendSpec("two", urls, tiny, keyed))
+        result, _, _ = run_turn(backend, repo, "What is calc?", max_tokens=4)
     assert result.usage["completion_tokens"] == 4
     assert backend.client.replicas.down == {dead}
 
 
 def test_a_server_that_is_down_is_one_clear_error(tiny):
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    with pytest.raises(
-        RemoteError, match=rf"cannot reach the backend: {url} \(connection refused\)"
+    with (
+        refusing_port() as port,
+        pytest.raises(
+            RemoteError, match=rf"cannot reach the backend: .*:{port}/v1 \(connection refused\)"
+        ),
     ):
+        url = f"http://127.0.0.1:{port}/v1"
         RemoteBackend.connect(BackendSpec(url, [url], tiny))
 
 
