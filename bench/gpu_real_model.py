@@ -56,9 +56,14 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+YARN = None  # run --yarn F: RoPE stretched by F over the trained window (EngineConfig.rope_scaling)
+
+
 def load(model: str, device: str, dtype: str, **config):
     from engine import Engine, EngineConfig
 
+    if YARN:
+        config["rope_scaling"] = {"rope_type": "yarn", "factor": YARN}
     return Engine.load(model, device=device, dtype=dtype, weights="dense",
                        config=EngineConfig(**config))  # fmt: skip
 
@@ -99,7 +104,9 @@ def make_ref(args) -> dict:
            "device": "cpu", "dtype": "float32", "weights": engine.weights_mode,
            "torch": torch.__version__, "items": items}  # fmt: skip
     if args.book:
-        text = Path(args.book).read_text(encoding="utf-8")[args.offset : args.offset + 8 * 32768]
+        text = Path(args.book).read_text(encoding="utf-8")[
+            args.offset : args.offset + 8 * args.book_tokens
+        ]
         ids = engine.encode(text)[: args.book_tokens]
         Path(args.book_out).write_text(json.dumps({"source": Path(args.book).name,
                                                    "offset": args.offset, "ids": ids}))  # fmt: skip
@@ -230,7 +237,8 @@ def run(args) -> dict:
     out = {"model": Path(args.model).name, "model_sha256": sha256(Path(args.model)),
            "ref_model_sha256": ref["model_sha256"], "device": args.device,
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-           "torch": torch.__version__, "ref_torch": ref["torch"], "checks": []}  # fmt: skip
+           "torch": torch.__version__, "ref_torch": ref["torch"], "yarn": args.yarn,
+           "checks": []}  # fmt: skip
     if out["model_sha256"] != ref["model_sha256"]:
         raise SystemExit("gpu_real_model: the model is not the file the reference was made from")
     for dtype in args.dtypes:
@@ -296,9 +304,20 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--model", required=True)
     g.add_argument("--ref", required=True)
     g.add_argument("--device", default="cuda")
-    g.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    g.add_argument(
+        "--dtypes",
+        nargs="*",
+        default=["bfloat16", "float32"],
+        help="the greedy check's dtypes (none: skip it)",
+    )
     g.add_argument("--book-ids", default=None)
     g.add_argument("--context", type=int, default=32768)
+    g.add_argument(
+        "--yarn",
+        type=float,
+        default=None,
+        help="YaRN RoPE scaling by this factor (Qwen2.5 past 32K: 4)",
+    )
     g.add_argument("--sparse", type=float, default=0.02, help="page budget of sparse decode")
     g.add_argument("--tiers", type=float, nargs="*", default=[0.05, 0.25],
                    help="GPU tier sizes, as fractions of the context's KV")  # fmt: skip
@@ -312,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(make_ref(args)))
         print(f"reference -> {args.out}")
         return 0
+    global YARN
+    YARN = args.yarn
     out = run(args)
     print("\n" + table(out))
     return 0

@@ -33,7 +33,17 @@ BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "books" / "moby
 
 
 FORECAST = False  # --forecast: the Forecast configs instead of the summary/tail ones
+FORECAST_KINDS = ("free",)  # --forecast-kinds: training-free and/or trained predictors
+FORECAST_WEIGHTS = None  # --forecast-weights: the trained predictor's file (default: shipped)
+BUDGETS = (0.02, 0.05, 0.10, 0.20)  # --budgets
 ONLY = None  # --only TEXT: dense and the configs whose name holds TEXT
+PARTIAL = {}  # the --json file's fields, rewritten after every row (a run stopped part way
+# through still leaves what it measured)
+
+
+def save_partial() -> None:
+    if PARTIAL.get("path"):
+        Path(PARTIAL["path"]).write_text(json.dumps(PARTIAL["data"], indent=2))
 
 
 def configs():
@@ -46,14 +56,18 @@ def all_configs():
 
     out = [("dense", None)]
     if FORECAST:
-        for frac in (0.02, 0.05, 0.10):
-            out.append((f"quest {frac:.0%} +forecast",
-                        SparseConfig(budget_fraction=frac, forecast="free")))  # fmt: skip
-            out.append((f"quest {frac:.0%} forecast-only",
-                        SparseConfig(budget_fraction=frac, forecast="free",
-                                     forecast_only=True)))  # fmt: skip
+        for frac in BUDGETS:
+            for kind in FORECAST_KINDS:
+                tag = "" if kind == "free" else f" ({kind})"
+                weights = FORECAST_WEIGHTS if kind == "trained" else None
+                out.append((f"quest {frac:.0%} +forecast{tag}",
+                            SparseConfig(budget_fraction=frac, forecast=kind,
+                                         forecast_weights=weights)))  # fmt: skip
+                out.append((f"quest {frac:.0%} forecast-only{tag}",
+                            SparseConfig(budget_fraction=frac, forecast=kind, forecast_only=True,
+                                         forecast_weights=weights)))  # fmt: skip
         return out
-    for frac in (0.02, 0.05, 0.10, 0.20):
+    for frac in BUDGETS:
         out.append((f"quest {frac:.0%}", SparseConfig(budget_fraction=frac)))
         out.append((f"mean {frac:.0%}", SparseConfig(budget_fraction=frac, summary="mean")))
         out.append((f"quest+tail {frac:.0%}", ("tail", frac)))
@@ -86,6 +100,7 @@ class Runner:
         bm.allocate(self.seq)
         bm.prefix.enabled = caching
         self.tiers = self.runner.tiers
+        self.forecasts = {}
 
     def close(self) -> None:
         self.engine.block_manager.free(self.seq)
@@ -114,8 +129,14 @@ class Runner:
 
     def use(self, cfg) -> None:
         """Dense (None) or a sparse config for the next steps; stats and locality reset."""
+        from engine.runtime.model_runner import make_forecast
+
         self.runner.tiers = None if cfg is None else self.tiers
         if cfg is not None:
+            if cfg.forecast != "off":  # the predictor this config names (built once a kind)
+                if cfg.forecast not in self.forecasts:
+                    self.forecasts[cfg.forecast] = make_forecast(self.engine.model, cfg)
+                self.tiers.forecast = self.forecasts[cfg.forecast]
             self.tiers.reconfigure(cfg)
             self.tiers.reset_stats()
 
@@ -138,10 +159,11 @@ class Runner:
             s[units, 0], s[units, 1], s[units, 2] = k.amin(1), k.amax(1), k.sum(1)
 
 
-def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: list) -> None:
+def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: list,
+               chunk: int = 512) -> None:  # fmt: skip
     ids = text_ids[: n_ctx + n_scored + 1]
     run = Runner(engine, ids)
-    run.prefill(n_ctx)
+    run.prefill(n_ctx, chunk)
     n_pages = -(-n_ctx // 16)
     dense_argmax = None
     for name, cfg in configs():
@@ -172,10 +194,12 @@ def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: lis
                            recall_by_layer=[h / t if t else None for h, t in by_layer])  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+        save_partial()
     run.close()
 
 
-def passkey(engine, text_ids: list[int], n_ctx: int, positions: int, rows: list) -> None:
+def passkey(engine, text_ids: list[int], n_ctx: int, positions: int, rows: list,
+            chunk: int = 512) -> None:  # fmt: skip
     rng = random.Random(0)
     tok = engine.tokenizer
     names = [name for name, _ in configs()]
@@ -193,7 +217,7 @@ def passkey(engine, text_ids: list[int], n_ctx: int, positions: int, rows: list)
         ]
         ids = engine.chat_tokens(messages)
         run = Runner(engine, ids + [0] * 12)
-        run.prefill(len(ids) - 1)
+        run.prefill(len(ids) - 1, chunk)
         n_pages = -(-len(ids) // 16)
         for name, cfg in configs():
             run.use(resolve(cfg, n_pages))
@@ -208,6 +232,8 @@ def passkey(engine, text_ids: list[int], n_ctx: int, positions: int, rows: list)
         run.close()
         print(json.dumps({"position": i, "depth": depth, "key": key,
                           "hits_so_far": hits}), flush=True)  # fmt: skip
+        PARTIAL.get("data", {})["passkey_so_far"] = {"positions": i + 1, "hits": dict(hits)}
+        save_partial()
     for name in names:
         rows.append({"config": name, "passkey_accuracy": hits[name] / positions})
 
@@ -225,23 +251,54 @@ def main() -> None:
     ap.add_argument("--passkey-tokens", type=int, default=None, help="default: --tokens")
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--weights", default="auto")
+    ap.add_argument(
+        "--model", default=None, help="a GGUF or checkpoint; default: the default model"
+    )
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--yarn", type=float, default=None,
+                    help="YaRN RoPE scaling by this factor over the model's window (Qwen2.5's "
+                    "long-context recipe: 4)")  # fmt: skip
+    ap.add_argument("--book", default=str(BOOK))
+    ap.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens)")
+    ap.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=None,
+        help="default: 0.02 0.05 0.10 0.20 (0.02 0.05 0.10 with --forecast)",
+    )
     ap.add_argument("--forecast", action="store_true", help="Forecast configs (issue 6)")
+    ap.add_argument("--forecast-kinds", nargs="+", default=["free"], choices=["free", "trained"])
+    ap.add_argument("--forecast-weights", default=None, help="default: the shipped file")
     ap.add_argument("--only", default=None, help="dense and the configs whose name holds this")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    global FORECAST, ONLY
-    FORECAST, ONLY = args.forecast, args.only
-    sparse = SparseConfig(budget_fraction=1.0, forecast="free")
-    cfg = EngineConfig(sparse=sparse, max_num_batched_tokens=512)
-    engine = Engine.load(None, device="cpu", weights=args.weights, config=cfg)
+    global FORECAST, FORECAST_KINDS, FORECAST_WEIGHTS, BUDGETS, ONLY
+    FORECAST_WEIGHTS = args.forecast_weights
+    FORECAST, FORECAST_KINDS, BUDGETS, ONLY = (args.forecast, tuple(args.forecast_kinds),
+                                               args.budgets, args.only)  # fmt: skip
+    BUDGETS = tuple(BUDGETS or ((0.02, 0.05, 0.10) if FORECAST else (0.02, 0.05, 0.10, 0.20)))
+    sparse = SparseConfig(budget_fraction=1.0, forecast=args.forecast_kinds[0])
+    longest = max(args.tokens + args.scored, args.passkey_tokens or 0) + 64
+    rope = {"rope_type": "yarn", "factor": args.yarn} if args.yarn else None
+    cfg = EngineConfig(sparse=sparse, max_num_batched_tokens=args.chunk, max_num_seqs=1,
+                       num_pages=-(-longest // 16) + 16, rope_scaling=rope)  # fmt: skip
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, weights=args.weights,
+                         config=cfg)  # fmt: skip
     keep_all_summaries(engine)  # all three summary rows: each config picks Quest or mean
-    text = BOOK.read_text(encoding="utf-8")[200_000:]  # past the front matter
+    text = Path(args.book).read_text(encoding="utf-8")[200_000:]  # past the front matter
     text_ids = engine.encode(text)[: args.tokens + args.scored + 8]
     ppl, keys = [], []
+    result = {"args": vars(args), "weights": engine.weights_mode, "model": engine.name,
+              "device": str(engine.device), "dtype": str(engine.dtype),
+              "window": engine.max_model_len, "perplexity": ppl, "passkey": keys}  # fmt: skip
+    PARTIAL.update(path=args.json, data=result)
     if not args.no_perplexity:
-        perplexity(engine, text_ids, args.tokens, args.scored, ppl)
+        perplexity(engine, text_ids, args.tokens, args.scored, ppl, args.chunk)
     if args.positions:
-        passkey(engine, text_ids, args.passkey_tokens or args.tokens, args.positions, keys)
+        passkey(engine, text_ids, args.passkey_tokens or args.tokens, args.positions, keys,
+                args.chunk)  # fmt: skip
     acc = {r["config"]: r["passkey_accuracy"] for r in keys}
     print(f"\n{'config':28s} {'perplexity':>10s} {'greedy agree':>12s} {'locality':>9s}"
           f" {'pages/step':>10s} {'passkey':>8s} {'recall':>7s}")  # fmt: skip
@@ -250,10 +307,8 @@ def main() -> None:
               f" {r.get('greedy_agreement', float('nan')):12.1%}"
               f" {r.get('locality', float('nan')):9.1%} {r.get('pages_per_step', float('nan')):10.1f}"
               f" {acc.get(r['config'], float('nan')):8.0%} {r.get('recall', float('nan')):7.1%}")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "weights": engine.weights_mode, "perplexity": ppl,
-                       "passkey": keys}, f, indent=2)  # fmt: skip
+    result.pop("passkey_so_far", None)
+    save_partial()
 
 
 if __name__ == "__main__":

@@ -70,6 +70,34 @@ class ModelConfig:
             "cached at one length (earlier chunks, reused prefixes) would not match a fresh pass"
         )
 
+    def with_rope_scaling(self, scaling: dict[str, Any]) -> ModelConfig:
+        """This config with its RoPE stretched past the trained window, as vLLM's and
+        llama.cpp's overrides do (Qwen2.5's long-context recipe: {"rope_type": "yarn",
+        "factor": 4.0, "original_max_position_embeddings": 32768}): `scaling` is checked
+        as a config's rope_scaling is, and the window becomes factor x the original
+        length. Only "yarn" and "linear" extend a window this way; others are refused."""
+        from dataclasses import replace
+
+        from engine.models.hf_config import checked_rope_scaling
+
+        rope = checked_rope_scaling(self.architecture, scaling, self.max_position_embeddings)
+        if rope is None or rope["rope_type"] not in ("yarn", "linear"):
+            kind = "default" if rope is None else rope["rope_type"]
+            raise UnsupportedModelError(
+                f"a rope_scaling override of type {kind!r} does not extend the window; "
+                "use yarn or linear"
+            )
+        if self.rope_scaling is not None:
+            raise UnsupportedModelError(
+                f"the model already scales its RoPE ({self.rope_scaling['rope_type']}); "
+                "a second scaling on top of it is not computed"
+            )
+        if not rope.get("factor") or rope["factor"] <= 1:
+            raise ModelLoadError("a rope_scaling override needs a 'factor' above 1")
+        orig = int(rope.get("original_max_position_embeddings") or self.max_position_embeddings)
+        rope["original_max_position_embeddings"] = orig
+        return replace(self, rope_scaling=rope, max_position_embeddings=int(orig * rope["factor"]))
+
     @property
     def num_params(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
@@ -123,6 +151,9 @@ class EngineConfig:
     # kernels.views.GATHER_PROGRAMS: 16 gather at 49.2 GB/s on the H200 and leave the other
     # SMs to the work beside them)
     gather_programs: int = 16
+    # a RoPE scaling that stretches the model's window (ModelConfig.with_rope_scaling), as
+    # vLLM's --rope-scaling; None: the model's own
+    rope_scaling: dict[str, Any] | None = None
     # where converted checkpoints and model-check stamps are kept (engine.loading.paths);
     # None: ~/.cache/agentctx. The application passes its own (agentctx.app_paths)
     cache_dir: Path | None = None

@@ -1,6 +1,6 @@
 """Train the Forecast predictor's low-rank corrections (engine.kv.forecast.TrainedForecast).
 
-python -m engine.kv.forecast_train [--model PATH] [--docs 48] [--tokens 4096] [--rank 8]
+python -m engine.kv.forecast_train [--model PATH] [--device cpu|cuda] [--docs 48] [--tokens 4096] [--rank 8]
     [--steps 300] [--target selector|attention] [--out FILE] [--plot F.png] [--json F]
 
 The shipped weights of the default model came from (CPU, 2 cores, ~10 minutes):
@@ -60,12 +60,13 @@ def held_out(name: str) -> bool:
     return int(hashlib.md5(name.encode()).hexdigest(), 16) % 5 == 0
 
 
-def documents(tokenizer, n_tokens: int, limit: int, evaluation: bool) -> list[list[int]]:
+def documents(tokenizer, n_tokens: int, limit: int, evaluation: bool,
+              books_dir: Path = BOOKS) -> list[list[int]]:  # fmt: skip
     """Documents of n_tokens tokens: stdlib sources (joined file by file), then book chunks."""
     stdlib = Path(sys.modules["os"].__file__).parent
     files = sorted(p for p in stdlib.glob("*.py") if held_out(p.name) == evaluation)
     random.Random(0).shuffle(files)
-    books = sorted(BOOKS.glob("*.txt")) if BOOKS.is_dir() else []
+    books = sorted(books_dir.glob("*.txt")) if books_dir.is_dir() else []
     code_docs = limit - limit // 2 if books else limit  # half code, half prose
     docs, buf = [], []
     for path in files:
@@ -307,16 +308,20 @@ def main(argv: list[str] | None = None) -> None:
                     "onto pages (the paper's); selector: the exact Quest scores' softmax")  # fmt: skip
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: the model and the training")
+    ap.add_argument("--books", default=str(BOOKS), help="a folder of .txt books (the prose half)")
     ap.add_argument("--out", default=None, help="default: the package's forecast_weights/")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    engine = Engine.load(args.model, device="cpu", dtype="float32", weights="dense")
+    engine = Engine.load(args.model, device=args.device, dtype="float32", weights="dense")
+    torch.set_default_device(engine.device)  # the traces, examples and weights beside the model
     model, rope = engine.model, engine.runner.rope
     t0 = time.perf_counter()
-    train_docs = documents(engine.tokenizer, args.tokens, args.docs, evaluation=False)
-    eval_docs = documents(engine.tokenizer, args.tokens, args.eval_docs, evaluation=True)
+    books = Path(args.books)
+    train_docs = documents(engine.tokenizer, args.tokens, args.docs, False, books)
+    eval_docs = documents(engine.tokenizer, args.tokens, args.eval_docs, True, books)
     train = build_examples(model, rope, train_docs, args.samples, seed=1, target=args.target)
     held = build_examples(model, rope, eval_docs, args.samples, seed=2, target=args.target)
     print(f"{len(train_docs)} training and {len(eval_docs)} held-out documents of "

@@ -273,6 +273,15 @@ def _positive(arch: str, window: int | None) -> int | None:
     return window
 
 
+def checked_rope_scaling(arch: str, scaling: dict[str, Any], max_pos: int) -> dict[str, Any] | None:
+    """A rope_scaling dict given on its own (an override), checked as in a config."""
+    if not isinstance(scaling, dict):
+        raise ModelLoadError(f"{arch}: rope_scaling {scaling!r} is not an object")
+    if "rope_theta" in scaling:
+        raise ModelLoadError(f"{arch}: a rope_scaling override cannot set rope_theta")
+    return _rope({"rope_scaling": scaling}, arch, max_pos)[1]
+
+
 def _rope(cfg: dict[str, Any], arch: str, max_pos: int) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling with its rope_type) or refuses what engine.layers.rope lacks."""
     # transformers 4.x: rope_scaling={"type"|"rope_type": ...}; 5.x: rope_parameters

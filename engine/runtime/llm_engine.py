@@ -68,6 +68,8 @@ class Engine(EngineLoop):
         dt = pick_dtype(dtype, dev)
         source = resolve_source(model, config.cache_dir if config is not None else None)
         cfg = read_config(source)
+        if config is not None and config.rope_scaling is not None:
+            cfg = cfg.with_rope_scaling(config.rope_scaling)
         net = build_model(cfg, dev, dt)
         if source.kind == "dummy":
             init_dummy_weights(net, seed)

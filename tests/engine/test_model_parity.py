@@ -84,3 +84,46 @@ def test_greedy_matches_transformers_generate(family):
         ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, 21:]
     out = engine.generate([ids[0].tolist()], SamplingParams(max_tokens=32, ignore_eos=True))[0]
     assert out.token_ids == ref.tolist(), name
+
+
+def test_rope_scaling_override_matches_transformers_with_that_scaling(tmp_path_factory):
+    """EngineConfig.rope_scaling (YaRN over the trained window, Qwen2.5's long-context
+    recipe) stretches the window by the factor and computes what transformers computes with
+    that scaling in the config, past the trained window."""
+    from engine import Engine, EngineConfig
+
+    short = Qwen2Config(**{**SMALL, "max_position_embeddings": 128})
+    path = tiny_checkpoint(tmp_path_factory, "qwen2-short", short)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    long_cfg = Qwen2Config(**{**SMALL, "max_position_embeddings": 512}, rope_scaling=yarn)
+    hf = AutoModelForCausalLM.from_config(long_cfg, dtype=torch.float32).eval()
+    hf.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
+    plain = Engine.load(path, device="cpu", dtype="float32", config=EngineConfig())
+    engine = Engine.load(path, device="cpu", dtype="float32",
+                         config=EngineConfig(rope_scaling={"rope_type": "yarn", "factor": 4.0}))  # fmt: skip
+    assert (plain.max_model_len, engine.max_model_len) == (128, 512)
+    ids = torch.randint(0, SMALL["vocab_size"], (300,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    ours = prompt_logits(engine, ids.tolist())
+    assert (ours - ref).abs().max().item() < 1e-4
+    # the scaling changes the logits (the override is applied, not ignored)
+    assert (prompt_logits(plain, ids[:120].tolist()) - ref[:120]).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "scaling, says",
+    [
+        ({"rope_type": "dynamic", "factor": 2.0}, "does not extend the window"),
+        ({"rope_type": "yarn"}, "needs a .factor. above 1"),
+        ({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}, "cannot set rope_theta"),
+        ("yarn", "not an object"),
+    ],
+)
+def test_rope_scaling_override_refuses_by_name(tmp_path_factory, scaling, says):
+    from engine import Engine, EngineConfig
+    from engine.errors import EngineError
+
+    path = tiny_checkpoint(tmp_path_factory, "qwen2-refuse", Qwen2Config(**SMALL))
+    with pytest.raises(EngineError, match=says):
+        Engine.load(path, device="cpu", dtype="float32", config=EngineConfig(rope_scaling=scaling))
