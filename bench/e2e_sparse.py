@@ -14,12 +14,12 @@ python3 -m bench.e2e_sparse --context 131072 --batch 1 [--dense] [--hf] \
   - quest: the real path, Quest scores from the page summaries (with dummy weights the
     scores are meaningless, but the work is the real work);
   - realistic: random selections that keep each page read at the step before with
-    probability `--locality` (0.85: the step-to-step locality measured on the real default
-    model, docs/quality.md, 81-87%);
-  - recurring: realistic, except that `--recurring` (0.86) of the pages not kept from the
-    step before are drawn from pages the sequence read at earlier steps, as the real
-    model's are (bench.page_recurrence, docs/quality.md: 86-89%; realistic draws them all
-    at random, so it fetches about five times what the real selections need);
+    probability `--locality` (0.77: Qwen2.5-Coder-0.5B's step-to-step locality at 131K
+    tokens on the H200, bench.scorers.MEASURED_LOCALITY);
+  - recurring: realistic, except that `--recurring` (0.86, the same run's) of the pages
+    not kept from the step before are drawn from pages the sequence read at earlier steps,
+    as the real model's are (realistic draws them all at random, so it fetches several
+    times what the real selections need);
   - worst: a fresh random selection every step (locality 0: sinks and window only).
 - dense-resident (ours, `--dense`): all KV on the GPU, paged decode kernel, CUDA graphs; not
   capped (at 128K it needs 34 GiB).
@@ -38,6 +38,8 @@ import random
 import time
 
 import torch
+
+from bench.scorers import MEASURED_FORECAST_RECALL, MEASURED_LOCALITY, MEASURED_RECURRING
 
 GiB = 2**30
 
@@ -296,14 +298,14 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--variants", nargs="+", default=["quest", "realistic", "worst"],
                     choices=["quest", "recurring", "realistic", "worst"])  # fmt: skip
-    ap.add_argument("--locality", type=float, default=0.85)
-    ap.add_argument("--recurring", type=float, default=0.86,
+    ap.add_argument("--locality", type=float, default=MEASURED_LOCALITY)
+    ap.add_argument("--recurring", type=float, default=MEASURED_RECURRING,
                     help="the recurring variant's share of new pages read before")  # fmt: skip
     ap.add_argument("--prefetch", nargs="+", default=["off"], choices=["off", "forecast", "auto", "timed", "oracle"],
                     help="Forecast prefetch modes to compare (issue 6)")  # fmt: skip
-    ap.add_argument("--forecast-recall", type=float, default=0.92,
+    ap.add_argument("--forecast-recall", type=float, default=MEASURED_FORECAST_RECALL,
                     help="the simulated predictor's recall on synthetic selections (the "
-                    "training-free Forecast measured 92-93%%, docs/quality.md)")  # fmt: skip
+                    "trained Forecast's on Qwen2.5-Coder-0.5B at 131K, 2%%: 0.89)")  # fmt: skip
     ap.add_argument(
         "--prefetch-programs",
         type=int,

@@ -16,6 +16,7 @@ import json
 import torch
 
 from bench.e2e_sparse import model_config, prompts_for, sync, timed_decode
+from bench.scorers import MEASURED_FORECAST_RECALL, MEASURED_LOCALITY
 
 
 def profile(engine, prompts, steps: int, trace: str | None = None) -> tuple:
@@ -154,13 +155,13 @@ def main() -> None:
     prompts = prompts_for(n, 1, engine.model_config.vocab_size)
     timed_decode(engine, [p[:512] for p in prompts], 4)
     tiers, runner = engine.runner.tiers, engine.runner
-    keep = {"quest": None, "realistic": 0.85, "worst": 0.0}[args.variant]
+    keep = {"quest": None, "realistic": MEASURED_LOCALITY, "worst": 0.0}[args.variant]
     synthetic = None if keep is None else SyntheticScorer(tiers, keep)
     rows = []
     for prefetch in args.prefetch:
         tiers.sparse.forecast = "off" if prefetch == "off" else "free"
         if synthetic is not None:
-            synthetic.recall = 1.0 if prefetch == "oracle" else 0.92
+            synthetic.recall = 1.0 if prefetch == "oracle" else MEASURED_FORECAST_RECALL
         tiers.sparse.prefetch_programs = args.prefetch_programs
         tiers.sparse.prefetch_high_priority = args.prefetch_priority == "high"
         use_scorer(engine, synthetic)  # (and the graphs captured again)

@@ -150,12 +150,12 @@ class Runner:
         if rows == 0:
             return
         page = self.seq.block_table[n_prompt // P]
-        units = torch.arange(t.Hkv) + page * t.Hkv
+        units = torch.arange(t.Hkv, device=t.selection.summ[0].device) + page * t.Hkv
         t.drop_pages([page])  # its stale slots, every layer
         for layer in range(t.L):
             reset_summaries(t.selection.summ[layer], units)
-            k = t.host[layer, page, :, 0, :rows].float()  # [Hkv, rows, D]
             s = t.selection.summ[layer]
+            k = t.host[layer, page, :, 0, :rows].to(s.device).float()  # [Hkv, rows, D]
             s[units, 0], s[units, 1], s[units, 2] = k.amin(1), k.amax(1), k.sum(1)
 
 
@@ -186,7 +186,9 @@ def perplexity(engine, text_ids: list[int], n_ctx: int, n_scored: int, rows: lis
         }
         if cfg is not None:
             st = run.tiers.stats
-            row.update(locality=st.locality, pages_per_step=st.selected / max(st.steps, 1) / 3)
+            row.update(
+                locality=st.locality, pages_per_step=st.selected / max(st.steps, 1) / run.tiers.Hkv
+            )
             if cfg.forecast != "off":
                 by_layer = run.tiers.prefetcher.recall_by_layer.tolist()
                 row.update(recall=st.recall, prefetch_hits=st.prefetch_hits,

@@ -137,7 +137,13 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     from agentctx.kv_snapshots import parse_size
-    from bench.scorers import SyntheticScorer, skip_prefill_attention, use_scorer
+    from bench.scorers import (
+        MEASURED_FORECAST_RECALL,
+        MEASURED_LOCALITY,
+        SyntheticScorer,
+        skip_prefill_attention,
+        use_scorer,
+    )
     from engine import Engine, SamplingParams
     from engine.config import EngineConfig
     from engine.kv import SparseConfig
@@ -159,8 +165,8 @@ def main() -> None:
     engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
     if args.skip_prefill_attention:
         skip_prefill_attention(engine)
-    use_scorer(engine, SyntheticScorer(engine.runner.tiers, keep=0.85, recurring=args.recurring,
-                                       recall=1.0 if args.prefetch == "oracle" else 0.92))  # fmt: skip
+    use_scorer(engine, SyntheticScorer(engine.runner.tiers, keep=MEASURED_LOCALITY, recurring=args.recurring,
+                                       recall=1.0 if args.prefetch == "oracle" else MEASURED_FORECAST_RECALL))  # fmt: skip
     prompt = prompts_for(n, 1, engine.model_config.vocab_size)[0]
     runner, tiers, bm = engine.runner, engine.runner.tiers, engine.block_manager
     tiers.select_methods.only = args.select_method  # (None: the engine's pick per shape)
