@@ -9,8 +9,16 @@ from agentctx.kv_snapshots import BudgetError, parse_size
 
 
 def kv_options(f):
-    """--sparse, --gpu-kv-budget, --host-kv-budget, --forecast, --prefetch and --speculate,
-    for `ask` and `tui`."""
+    """--sparse, --gpu-kv-budget, --host-kv-budget, --forecast, --prefetch, --speculate and
+    --rope-scaling, for `ask`, `tui` and `serve`."""
+    f = click.option(
+        "--rope-scaling",
+        default=None,
+        metavar="TYPE:FACTOR",
+        help="Stretch the model's window by FACTOR with RoPE scaling of TYPE (yarn or linear), "
+        "e.g. yarn:4 for Qwen2.5 past 32K tokens, as Qwen documents. Without it, the model's "
+        "own window.",
+    )(f)
     f = click.option(
         "--speculate",
         default="auto",
@@ -57,9 +65,35 @@ def kv_options(f):
 
 
 def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,
-                  forecast: str = "off", speculate: str = "off", prefetch: str = "timed"):  # fmt: skip
+                  forecast: str = "off", speculate: str = "off", prefetch: str = "timed",
+                  rope_scaling: str | None = None):  # fmt: skip
     """An EngineConfig for the options, with the user's cache folder; bad values raise
     click.BadParameter (exit 2)."""
+    config = _engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
+    config.rope_scaling = parse_rope_scaling(rope_scaling)
+    return config
+
+
+def parse_rope_scaling(text: str | None) -> dict | None:
+    """--rope-scaling TYPE:FACTOR -> the engine's rope_scaling override (the model checks the
+    rest when it loads: engine.config.ModelConfig.with_rope_scaling)."""
+    if text is None:
+        return None
+    kind, _, factor = text.strip().partition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = 0.0
+    if kind not in ("yarn", "linear") or not value > 1 or value > 64:
+        raise click.BadParameter(
+            f"{text!r}: use TYPE:FACTOR with TYPE yarn or linear and a FACTOR above 1 and "
+            "at most 64, e.g. yarn:4",
+            param_hint="--rope-scaling",
+        )
+    return {"rope_type": kind, "factor": value}
+
+
+def _engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch):
     from agentctx.app_paths import cache_dir
     from engine.config import EngineConfig
     from engine.spec.decoder import SpecConfig

@@ -32,7 +32,8 @@ from agentctx.engine_options import engine_config, kv_options
               show_default=True, help="As for `agentctx ask`.")  # fmt: skip
 @kv_options
 def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, weights, sparse,
-          gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate) -> None:  # fmt: skip
+          gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate,
+        rope_scaling) -> None:  # fmt: skip
     """Serve the model over OpenAI's HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health)."""
     from agentctx.kv_snapshots import BudgetError, parse_size
@@ -47,7 +48,9 @@ def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, we
         body_limit = parse_size(max_body)
     except BudgetError as e:
         raise click.BadParameter(str(e), param_hint="--max-body") from None
-    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
+    config = engine_config(
+        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling
+    )
     sock = _bind(host, port)
     if not _loopback(host):
         click.echo(f"agentctx serve: warning: {host} is not a loopback address; other machines "

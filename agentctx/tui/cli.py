@@ -29,7 +29,7 @@ from agentctx.engine_options import engine_config, kv_options
 @kv_options
 def tui(repo: str, book: str | None, model: str | None, cont: bool, session_ref: str | None,
         backend, api_key_env, sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch,
-        speculate) -> None:  # fmt: skip
+        speculate, rope_scaling) -> None:  # fmt: skip
     """Open the chat TUI."""
     from agentctx.tui import run_tui
 
@@ -39,7 +39,9 @@ def tui(repo: str, book: str | None, model: str | None, cont: bool, session_ref:
         raise click.UsageError("use either --session or -c/--continue, not both")
     if api_key_env is not None and backend is None:
         raise click.UsageError("--api-key-env is for a --backend")
-    config = engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
+    config = engine_config(
+        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling
+    )
     from agentctx.models import load_config
 
     run(load_config)  # a bad config.json (its "sampling" too): one line, before the TUI starts

@@ -110,13 +110,22 @@ def engine_identity(engine) -> dict[str, str]:
         "model": engine.name,
         "weights_hash": weights_fingerprint(engine.model),
         "tokenizer_hash": tokenizer_fingerprint(engine.tokenizer),
-        "kv_mode": f"{engine.weights_mode}/{prefill or 'native'}".replace("torch.", ""),
+        "kv_mode": f"{engine.weights_mode}/{prefill or 'native'}{_rope_tag(engine)}".replace(
+            "torch.", ""
+        ),
         "page_size": str(engine.config.page_size),
         "dtype": _DTYPES[engine.dtype],
         "num_layers": str(cfg.num_layers),
         "num_kv_heads": str(cfg.num_kv_heads),
         "head_dim": str(cfg.head_dim),
     }
+
+
+def _rope_tag(engine) -> str:
+    """A RoPE scaling the engine was asked for (EngineConfig.rope_scaling) rotates every key
+    otherwise: its KV is not the model's plain KV."""
+    rope = engine.config.rope_scaling
+    return "" if rope is None else f"/rope:{rope['rope_type']}x{rope['factor']:g}"
 
 
 # -- writing -------------------------------------------------------------------------------

@@ -155,6 +155,15 @@ def read_config(source: ModelSource) -> ModelConfig:
     return cfg
 
 
+def engine_model_config(source: ModelSource, config) -> ModelConfig:
+    """The model's config as an engine with EngineConfig `config` runs it (its RoPE scaling
+    override applied): what Engine.load builds and what prompt counting takes the window of."""
+    cfg = read_config(source)
+    if config is not None and config.rope_scaling is not None:
+        cfg = cfg.with_rope_scaling(config.rope_scaling)
+    return cfg
+
+
 def _stores_head(directory: Path) -> bool:
     from safetensors import SafetensorError, safe_open
 

@@ -20,10 +20,10 @@ from engine.errors import ContextTooLongError, EngineError
 from engine.loading.devices import cpu_has_amx, pick_device, pick_dtype
 from engine.loading.loader import (
     build_model,
+    engine_model_config,
     init_dummy_weights,
     load_checkpoint_weights,
     load_tokenizer,
-    read_config,
     resolve_source,
 )
 from engine.runtime.chat_ids import chat_template_ids
@@ -67,9 +67,7 @@ class Engine(EngineLoop):
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
         source = resolve_source(model, config.cache_dir if config is not None else None)
-        cfg = read_config(source)
-        if config is not None and config.rope_scaling is not None:
-            cfg = cfg.with_rope_scaling(config.rope_scaling)
+        cfg = engine_model_config(source, config)
         net = build_model(cfg, dev, dt)
         if source.kind == "dummy":
             init_dummy_weights(net, seed)

@@ -17,14 +17,14 @@ class PromptTokens:
     def load(cls, model: str | None, config: EngineConfig | None = None) -> PromptTokens:
         """The tokenizer and window of `model` (what Engine.load takes; a GGUF is converted
         into the cache once, as for Engine.load, but no weights are loaded)."""
-        from engine.loading.loader import load_tokenizer, read_config, resolve_source
+        from engine.loading.loader import engine_model_config, load_tokenizer, resolve_source
 
         config = config or EngineConfig()
         source = resolve_source(model, config.cache_dir)
         tokenizer = load_tokenizer(source)
         if tokenizer is None:
             raise ModelLoadError(f"{source.name} has no tokenizer: nothing to count prompts with")
-        window = read_config(source).context_window
+        window = engine_model_config(source, config).context_window
         return cls(tokenizer, min(config.max_model_len or window, window), source.name)
 
     def encode(self, text: str) -> list[int]:

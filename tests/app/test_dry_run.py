@@ -41,3 +41,23 @@ def test_the_tokenizer_alone_counts_as_the_engine_does(repo):
     theirs, _ = new_session_messages(engine, str(repo), "What does add do?", params, None, Quiet())
     assert ours == theirs
     assert view.chat_tokens(ours) == engine.chat_tokens(ours)
+
+
+def test_rope_scaling_stretches_the_window_that_packing_fills(repo):
+    """--rope-scaling yarn:2 doubles SmolLM2's 8K window for the packing, as the engine's
+    window (EngineConfig.rope_scaling); a bad value or a second scaling is one line."""
+    from agentctx.engine_options import engine_config
+
+    home = {"AGENTCTX_HOME": os.environ["AGENTCTX_HOME"]}
+    args = ("ask", "What does add do?", "--repo", str(repo), "--model", "smollm2-135m", "--dry-run")
+    plain = agentctx(*args, env=home)
+    stretched = agentctx(*args, "--rope-scaling", "yarn:2", env=home)
+    assert plain.returncode == stretched.returncode == 0, stretched.stderr
+    assert "of the 8,192-token window" in plain.stderr.splitlines()[-1]
+    assert "of the 16,384-token window" in stretched.stderr.splitlines()[-1]
+    view = PromptTokens.load("smollm2-135m", engine_config(None, None, None, rope_scaling="yarn:2"))
+    assert view.max_model_len == 16384
+    for bad in ("yarn", "yarn:1", "dynamic:2", "yarn:x"):
+        out = agentctx(*args, "--rope-scaling", bad, env=home)
+        assert out.returncode == 2 and "--rope-scaling" in out.stderr, bad
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, bad

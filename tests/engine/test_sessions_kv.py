@@ -236,12 +236,15 @@ def test_damaged_snapshots_are_refused_and_the_engine_prefills(
     s.close()
 
 
-@pytest.mark.parametrize("other", ["another model", "another page size"])
+@pytest.mark.parametrize("other", ["another model", "another page size", "a RoPE scaling"])
 def test_mismatched_snapshots_are_refused(saved, other):
     path, _, prompt, _, _ = saved
     if other == "another model":
         engine = Engine.load("dummy:smollm2-135m", device="cpu", dtype="float32")
         message = "other model weights"
+    elif other == "a RoPE scaling":  # the same weights rotate every key otherwise
+        engine = load(rope_scaling={"rope_type": "yarn", "factor": 2.0})
+        message = "KV mode"
     else:
         engine = load(page_size=32)
         message = "page size 16 here is 32"
