@@ -71,7 +71,7 @@ kernels() {
 
 decode() {
     case $1 in
-    1) step gpu_decode 400 "$PY" -m bench.gpu_decode --json "$OUT/gpu_decode.json" ;;
+    1) step gpu_decode 500 "$PY" -m bench.gpu_decode --weights dense int4 --json "$OUT/gpu_decode.json" ;;
     2) step kv_reuse_gpu 590 "$PY" -m bench.kv_reuse --model dummy:llama-3.1-8b --device cuda \
         --contexts 32768 130000 --rounds 2 --snapshot-dir /tmp/kv --json "$OUT/kv_reuse_gpu.json" ;;
     *) return 1 ;;

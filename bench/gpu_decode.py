@@ -123,6 +123,23 @@ def time_kernel_in_graph(device: str) -> dict:
     return out
 
 
+def check_w4a16(rows: list[dict], device: str) -> None:
+    """The W4A16 kernel against its torch reference at the 8B shape's linears."""
+    from engine.loading.int4_groups import int4_groups
+    from kernels.w4a16 import pack_int4, w4a16, w4a16_reference
+
+    g = torch.Generator(device=device).manual_seed(0)
+    for t, n, k in ((1, 6144, 4096), (1, 4096, 14336), (5, 28672, 4096)):
+        q, scale, zero = int4_groups(torch.randn(n, k, device=device, generator=g) * 0.02)
+        packed, dt = pack_int4(q), torch.bfloat16 if device == "cuda" else torch.float32
+        x = torch.randn(t, k, device=device, generator=g).to(dt)
+        ours = w4a16(x, packed, scale.to(dt), zero.to(dt), use_triton=device == "cuda")
+        ref = w4a16_reference(x, packed, scale.to(dt), zero.to(dt))
+        err = (ours.float() - ref.float()).abs().max().item()
+        rows.append({"check": f"w4a16 {t}x{k} -> {n} vs reference", "max_abs_err": err,
+                     "ok": err < 0.05 * ref.float().abs().max().item()})  # fmt: skip
+
+
 def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
     """A tiny random Llama in fp32 through our engine (graphs on) against transformers."""
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -201,7 +218,8 @@ def profile_decode(engine) -> None:
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
 
 
-def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
+def bench_ours(preset: str, device: str, context: int, new_tokens: int,
+               weights: str = "dense") -> dict:  # fmt: skip
     from engine import Engine, EngineConfig, SamplingParams
 
     cfg = EngineConfig(
@@ -214,6 +232,7 @@ def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
         device=device,
         dtype="bfloat16" if device == "cuda" else "float32",
         config=cfg,
+        weights=weights,
     )
     sync(device)
     load_s = time.perf_counter() - t0
@@ -257,6 +276,14 @@ def bench_ours(preset: str, device: str, context: int, new_tokens: int) -> dict:
         "all_runs_decode_ms": [1e3 / s.decode_tok_s for s in runs],
         "graph_replay_ms": replay_ms,
         "params": engine.model_config.num_params,
+        "weights": engine.weights_mode,
+        # what a decode step must read of the weights: every parameter and buffer but the
+        # embedding table (one row of it a token)
+        "weight_bytes": sum(
+            t.numel() * t.element_size()
+            for n, t in [*engine.model.named_parameters(), *engine.model.named_buffers()]
+            if not n.startswith("embed_tokens") or engine.model_config.tie_word_embeddings
+        ),
         "graphs": sorted(decode_graphs(engine)),
     }
     del engine
@@ -313,23 +340,34 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--weights",
+        nargs="+",
+        default=["dense"],
+        choices=["dense", "int4"],
+        help="int4: every layer's linears as 4-bit groups (W4A16 kernel)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows: list[dict] = []
     check_kernel(rows, args.device)
+    if "int4" in args.weights:
+        check_w4a16(rows, args.device)
     check_engine_vs_transformers(rows, args.device)
     tuning = time_kernel_in_graph(args.device) if args.device == "cuda" else {}
     for r in rows:
         err = f"  max abs err {r['max_abs_err']:.2e}" if "max_abs_err" in r else ""
         print(f"[{'ok' if r['ok'] else 'FAIL'}] {r['check']}{err}", flush=True)
     bw = hbm_bandwidth() if args.device == "cuda" else None
-    ours = bench_ours(args.preset, args.device, args.context, args.new_tokens)
+    ours_by = {w: bench_ours(args.preset, args.device, args.context, args.new_tokens, w)
+               for w in args.weights}  # fmt: skip
+    ours = ours_by[args.weights[0]]
     hf = bench_transformers(args.preset, args.device, args.context, args.new_tokens)
     weight_bytes = ours["params"] * (2 if args.device == "cuda" else 4)
     floor_ms = 1e3 * weight_bytes / bw if bw else float("nan")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     result = {"device": name, "hbm_bandwidth_GBps": (bw or 0) / 1e9, "weight_bytes": weight_bytes,
-              "floor_ms": floor_ms, "ours": ours, "transformers": hf, "checks": rows, "args": vars(args), "kernel_tuning": tuning}  # fmt: skip
+              "floor_ms": floor_ms, "ours": ours, "ours_by_weights": ours_by, "transformers": hf, "checks": rows, "args": vars(args), "kernel_tuning": tuning}  # fmt: skip
     print(
         f"\n{args.preset} shape, batch 1, context {args.context}, {args.new_tokens} new tokens, {name}"
     )
@@ -338,11 +376,15 @@ def main() -> None:
             f"HBM copy bandwidth {bw / 1e9:.0f} GB/s; weights {weight_bytes / 1e9:.2f} GB; floor {floor_ms:.2f} ms/token"
         )
     print(f"{'':30s}{'decode ms/tok':>14s}{'x floor':>9s}{'prefill s':>11s}")
-    rows_out = [("agentctx (paged, CUDA graphs)", ours)]
+    rows_out = [(f"agentctx {r['weights']} (paged, graphs)", r) for r in ours_by.values()]
     rows_out += [(f"transformers ({k} cache, SDPA)", v) for k, v in hf.items()]
     for label, r in rows_out:
         ms = r["decode_ms_per_token"]
         print(f"{label:30s}{ms:14.2f}{ms / floor_ms:9.2f}{r['prefill_s']:11.3f}")
+    for w, r in ours_by.items():
+        own = 1e3 * r["weight_bytes"] / bw if bw else float("nan")
+        print(f"agentctx {w}: reads {r['weight_bytes'] / 1e9:.2f} GB a token; its own floor "
+              f"{own:.2f} ms; {r['decode_ms_per_token'] / own:.2f}x it")  # fmt: skip
     if ours.get("graph_replay_ms"):
         print(f"decode forward alone (graph replay): {ours['graph_replay_ms']:.2f} ms")
     for k, v in hf.items():

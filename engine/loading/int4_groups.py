@@ -31,9 +31,10 @@ def int4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
         raise ValueError(f"int4 groups need a [N, K] weight with K a multiple of {GROUP}, "
                          f"not {tuple(weight.shape)}")  # fmt: skip
     n, k = weight.shape
-    q = torch.empty(n, k, dtype=torch.uint8)
-    scale = torch.empty(n, k // GROUP)
-    zero = torch.empty(n, k // GROUP)
+    dev = weight.device  # (a GPU's weights are fitted there)
+    q = torch.empty(n, k, dtype=torch.uint8, device=dev)
+    scale = torch.empty(n, k // GROUP, device=dev)
+    zero = torch.empty(n, k // GROUP, device=dev)
     for i in range(0, n, _ROWS_PER_CHUNK):
         rows = weight[i : i + _ROWS_PER_CHUNK].float().reshape(-1, k // GROUP, GROUP)
         gq, gs, gz = _fit(rows)

@@ -40,11 +40,13 @@ def row_exact(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x) with each row computed as a one-row call would: a GEMM over several rows
     may sum in another order than the GEMV of one row (MKL does, in the last bits), so a
     verification step runs its rows one by one. The quantized kernels are row-independent as
-    they are (tested), and are kept for any row count here (their dense switch-over would
+    they are (tested; the W4A16 kernel up to its 16 rows a launch), and are kept for any row
+    count here (their dense switch-over would
     change the numbers)."""
+    from engine.loading.gpu_int4 import W4A16Linear
     from engine.loading.quant import QUANT_LINEARS
 
-    if isinstance(linear, QUANT_LINEARS):
+    if isinstance(linear, (*QUANT_LINEARS, W4A16Linear)):
         return linear.forward(x, kernel_rows=x.shape[0])
     return torch.cat([linear.forward(x[i : i + 1]) for i in range(x.shape[0])])
 

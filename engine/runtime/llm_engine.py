@@ -54,7 +54,9 @@ class Engine(EngineLoop):
         in the local Hugging Face cache, or "dummy:PRESET" (random weights of a real shape).
 
         weights: "dense" runs the checkpoint's weights as they are (the exact reference).
-        "int4", on the CPU, decodes through the GGUF's own 4-bit blocks (Q4_0, Q4_1, Q4_K),
+        "int4" on a GPU runs every layer's linears as 4-bit groups through a Triton W4A16
+        kernel (engine.loading.gpu_int4; random weights too, fitted on the GPU). "int4", on
+        the CPU, decodes through the GGUF's own 4-bit blocks (Q4_0, Q4_1, Q4_K),
         per-row int8 requantizations of its 5- to 8-bit ones (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
         and an int8 output head, and prefills with dense weights (bf16 where the CPU has AMX):
         fast and close to, not identical with, the reference. "int4-all" is int4 with the
@@ -73,11 +75,16 @@ class Engine(EngineLoop):
             init_dummy_weights(net, seed)
         else:
             load_checkpoint_weights(net, source.path)
-            if weights != "dense":
-                from engine.loading.quant import load_int4  # (CPU decode only: loaded when used)
+        if dev.type == "cuda" and weights.startswith("int4"):
+            from engine.loading.gpu_int4 import load_gpu_int4  # 4-bit groups, W4A16 kernel
 
-                fast = load_int4(net, source, dev, required=weights.startswith("int4"),
-                                 all_int4=weights == "int4-all")  # fmt: skip
+            directory = None if source.kind == "dummy" else source.path
+            fast = load_gpu_int4(net, directory) > 0
+        elif weights != "dense" and source.kind != "dummy":
+            from engine.loading.quant import load_int4  # (CPU decode only: loaded when used)
+
+            fast = load_int4(net, source, dev, required=weights.startswith("int4"),
+                             all_int4=weights == "int4-all")  # fmt: skip
         tokenizer = load_tokenizer(source)
         engine = cls(net, cfg, tokenizer, config, dev, dt, name=source.name)
         engine.weights_mode = ("int4-all" if weights == "int4-all" else "int4") if fast else "dense"

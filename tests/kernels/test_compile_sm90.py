@@ -125,6 +125,13 @@ out["synthetic_query"] = build(_synthetic_query_kernel, {"FIRST": "*fp32", "SEEN
                                "N_SEEN": i32, "BUDGETS": i32, "OUT": "*fp32", "CLOCK": i64, "salt": "i32",
                                "M": "i32", "recurring": "fp32", "s_sb": "i32", "s_sh": "i32",
                                "T": "i32"}, {"HKV": 8, "RECURRING": True, "DROP_P": 0.15, "BLOCK": 1024}, 4)
+from kernels.w4a16 import _w4a16_kernel
+w4_sig = {"X": "*bf16", "PACKED": "*u8", "SCALE": "*bf16", "ZERO": "*bf16", "OUT": "*fp32",
+          "T": "i32", "N": "i32", "K": "i32", "K_SHARE": "i32", "stride_x": "i32",
+          "stride_p": "i32", "stride_s": "i32", "stride_os": "i32", "stride_ot": "i32"}
+for block_k in (64, 128):
+    out[f"w4a16/{block_k}"] = build(_w4a16_kernel, w4_sig,
+                                    {"BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": block_k}, 4)
 print(json.dumps(out))
 """
 

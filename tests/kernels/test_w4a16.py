@@ -1,0 +1,64 @@
+"""The W4A16 linear (kernels.w4a16) against its torch reference: the Triton kernel in the
+interpreter on CPU (on the GPU where there is one), odd row counts, split K, the prefill
+fallback; and the packing round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import HAS_TRITON, INTERPRET
+from kernels.w4a16 import dequantize, pack_int4, unpack_int4, w4a16, w4a16_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(
+    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
+)
+
+
+def groups(n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = torch.rand(n, k // 32, generator=g) * 0.02 + 0.001
+    zero = -8 * scale + torch.randn(n, k // 32, generator=g) * 0.001
+    return q, scale, zero
+
+
+def test_packing_round_trips_and_dequantizes_per_group():
+    q, scale, zero = groups(5, 64)
+    packed = pack_int4(q)
+    assert packed.shape == (5, 32) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_int4(packed), q)
+    w = dequantize(packed, scale, zero)
+    assert torch.allclose(w[2, 33], q[2, 33].float() * scale[2, 1] + zero[2, 1])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("t,n,k", [(1, 40, 256), (3, 96, 512), (16, 33, 128), (5, 64, 1024)])
+def test_kernel_matches_the_reference(dtype, t, n, k):
+    q, scale, zero = groups(n, k, seed=t + n)
+    packed = pack_int4(q).to(DEVICE)
+    scale, zero = scale.to(dtype).to(DEVICE), zero.to(dtype).to(DEVICE)
+    x = torch.randn(t, k, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    ours = w4a16(x, packed, scale, zero, use_triton=True)
+    ref = w4a16_reference(x, packed, scale, zero)
+    assert ours.shape == (t, n) and ours.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@needs_triton
+def test_more_rows_than_one_launch_take_the_dequantized_weight():
+    q, scale, zero = groups(48, 128)
+    packed = pack_int4(q).to(DEVICE)
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    ours = w4a16(x, packed, scale.to(DEVICE), zero.to(DEVICE), use_triton=True)
+    torch.testing.assert_close(ours, w4a16_reference(x, packed, scale.to(DEVICE), zero.to(DEVICE)),
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_bad_shapes_are_refused_by_name():
+    q, scale, zero = groups(8, 64)
+    with pytest.raises(ValueError, match="w4a16"):
+        w4a16(torch.randn(1, 32), pack_int4(q), scale, zero)
