@@ -110,8 +110,9 @@ def cli(ctx: click.Context) -> None:
     type=click.Choice(["auto", "dense", "int4", "int4-all"]),
     default="auto",
     show_default=True,
-    help="int4: the GGUF's quantized blocks on the CPU (fast); int4-all: every layer's "
-    "linears in 4 bits (faster decode, less precise); dense: the exact reference.",
+    help="int4: the GGUF's quantized blocks on the CPU (fast), every layer's linears as 4-bit "
+    "groups on a GPU; int4-all: every layer's linears in 4 bits (faster decode, less "
+    "precise); dense: the exact reference.",
 )
 @click.option(
     "--backend",

@@ -36,6 +36,7 @@ FORECAST = False  # --forecast: the Forecast configs instead of the summary/tail
 FORECAST_KINDS = ("free",)  # --forecast-kinds: training-free and/or trained predictors
 FORECAST_WEIGHTS = None  # --forecast-weights: the trained predictor's file (default: shipped)
 BUDGETS = (0.02, 0.05, 0.10, 0.20)  # --budgets
+LAYER_GROUPS = None  # --layer-groups: Quest selections shared by groups of layers instead
 ONLY = None  # --only TEXT: dense and the configs whose name holds TEXT
 PARTIAL = {}  # the --json file's fields, rewritten after every row (a run stopped part way
 # through still leaves what it measured)
@@ -66,6 +67,12 @@ def all_configs():
                 out.append((f"quest {frac:.0%} forecast-only{tag}",
                             SparseConfig(budget_fraction=frac, forecast=kind, forecast_only=True,
                                          forecast_weights=weights)))  # fmt: skip
+        return out
+    if LAYER_GROUPS:  # one selection per group of consecutive layers (its first layer's)
+        for frac in BUDGETS:
+            for g in LAYER_GROUPS:
+                name = f"quest {frac:.0%}" + (f" per {g} layers" if g > 1 else "")
+                out.append((name, SparseConfig(budget_fraction=frac, layer_group=g)))
         return out
     for frac in BUDGETS:
         out.append((f"quest {frac:.0%}", SparseConfig(budget_fraction=frac)))
@@ -271,13 +278,16 @@ def main() -> None:
         help="default: 0.02 0.05 0.10 0.20 (0.02 0.05 0.10 with --forecast)",
     )
     ap.add_argument("--forecast", action="store_true", help="Forecast configs (issue 6)")
+    ap.add_argument("--layer-groups", type=int, nargs="+", default=None,
+                    help="Quest configs whose selection is shared by groups of this many "
+                    "layers (1: each layer its own)")  # fmt: skip
     ap.add_argument("--forecast-kinds", nargs="+", default=["free"], choices=["free", "trained"])
     ap.add_argument("--forecast-weights", default=None, help="default: the shipped file")
     ap.add_argument("--only", default=None, help="dense and the configs whose name holds this")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    global FORECAST, FORECAST_KINDS, FORECAST_WEIGHTS, BUDGETS, ONLY
-    FORECAST_WEIGHTS = args.forecast_weights
+    global FORECAST, FORECAST_KINDS, FORECAST_WEIGHTS, BUDGETS, ONLY, LAYER_GROUPS
+    FORECAST_WEIGHTS, LAYER_GROUPS = args.forecast_weights, args.layer_groups
     FORECAST, FORECAST_KINDS, BUDGETS, ONLY = (args.forecast, tuple(args.forecast_kinds),
                                                args.budgets, args.only)  # fmt: skip
     BUDGETS = tuple(BUDGETS or ((0.02, 0.05, 0.10) if FORECAST else (0.02, 0.05, 0.10, 0.20)))
