@@ -24,7 +24,8 @@ usage: bash bench/gpu.sh TARGET [STEP]   (results under \$OUT, now $OUT)
                decode dense against sparse, speculation, the 1.5B (needs MODEL, MODEL15,
                REAL: the staged GGUFs and a folder with books/, ref05.json, ref15.json,
                book_ids.json from bench.gpu_real_model ref; BUNDLE as for serve)
-  sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K
+  sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K,
+               where a decode step's time goes (bench.profile_decode)
   sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K
   spec         speculative verification: graphs against eager, its cost at 128K and 500K
   serve        agentctx serve at 1, 4 and 16 clients against generate on the same batch
@@ -153,6 +154,9 @@ sparse_128k() {
     5) step e2e_prefetch_128k_timed 300 "$PY" "${e2e[@]}" --variants worst realistic \
         --prefetch off forecast timed oracle --skip-prefill-attention \
         --json "$OUT/e2e_prefetch_128k_timed.json" ;;
+    6) step profile_decode_128k 300 "$PY" -m bench.profile_decode --context 131072 \
+        --variant realistic --prefetch off --skip-prefill-attention \
+        --json "$OUT/profile_decode_128k.json" ;;
     *) return 1 ;;
     esac
 }
