@@ -104,35 +104,37 @@ modules() {  # what the device's python lacks (gguf, the app's packages), from t
     export PYTHONPATH="${STAGE:-/root/stage}/py:$PWD" AGENTCTX_HOME=${AGENTCTX_HOME:-/root/stage/home}
 }
 
-real_quality() {
+real_quality() {  # the steps behind docs/quality.md's Qwen2.5-Coder table, in its order
+    # (steps 2-4 use the Forecast weights shipped for the model; step 1 retrains them into
+    # $STAGE, to reproduce the training's numbers)
     local sq=(-m bench.sparse_quality --device cuda --dtype bfloat16 --weights dense --chunk 4096
               --forecast --only +forecast --book "${REAL:-}/books/moby_dick.txt")
-    local fw=${STAGE:-/root/stage}/forecast_qwen05.safetensors
-    [ "$1" -le 7 ] || return 1
+    [ "$1" -le 8 ] || return 1
     need MODEL REAL
     modules
     case $1 in
     1) step forecast_train 400 "$PY" -m engine.kv.forecast_train --model "$MODEL" --device cuda \
-        --docs 20 --eval-docs 8 --samples 16 --steps 300 --books "$REAL/books" --out "$fw" \
-        --plot "$OUT/forecast_training_qwen05.png" --json "$OUT/forecast_training_qwen05.json"
-       cp "$fw" "$OUT/" 2>/dev/null || true ;;
+        --docs 20 --eval-docs 8 --samples 16 --steps 300 --books "$REAL/books" \
+        --out "${STAGE:-/root/stage}/forecast_qwen05.safetensors" \
+        --plot "$OUT/forecast_training_qwen05.png" --json "$OUT/forecast_training_qwen05.json" ;;
     2) step sparse_quality_32k 590 "$PY" "${sq[@]}" --model "$MODEL" --tokens 32512 --scored 256 \
-        --positions 20 --forecast-kinds free trained --forecast-weights "$fw" \
-        --json "$OUT/sparse_quality_qwen05_32k.json" ;;
-    3) step sparse_quality_128k 590 "$PY" "${sq[@]}" --model "$MODEL" --yarn 4 --tokens 130816 \
-        --scored 256 --positions 20 --forecast-kinds free trained --forecast-weights "$fw" \
+        --positions 0 --forecast-kinds free trained --json "$OUT/sparse_quality_qwen05_32k.json" ;;
+    3) step passkey_32k 300 "$PY" "${sq[@]}" --model "$MODEL" --tokens 32512 --no-perplexity \
+        --positions 20 --forecast-kinds trained --json "$OUT/passkey_qwen05_32k.json" ;;
+    4) step sparse_quality_128k 590 "$PY" "${sq[@]}" --model "$MODEL" --yarn 4 --tokens 130816 \
+        --scored 128 --positions 10 --forecast-kinds trained \
         --json "$OUT/sparse_quality_qwen05_128k.json" ;;
-    4) step real_model_128k 590 "$PY" -m bench.gpu_real_model run --model "$MODEL" \
+    5) step real_model_128k 590 "$PY" -m bench.gpu_real_model run --model "$MODEL" \
         --ref "$REAL/ref05.json" --book-ids "$REAL/book_ids.json" --dtypes --yarn 4 \
         --context 131072 --tiers 0.05 --json "$OUT/gpu_real_model_128k.json" ;;
-    5) step spec_qwen05 590 "$PY" -m bench.cpu_spec --model "$MODEL" --device cuda \
+    6) step spec_qwen05 590 "$PY" -m bench.cpu_spec --model "$MODEL" --device cuda \
         --dtype bfloat16 --weights dense --book "$REAL/books/pride_and_prejudice.txt" \
         --modes off lookup self --json "$OUT/spec_qwen05.json" ;;
-    6) need MODEL15
+    7) need MODEL15
        step real_model_15b 590 "$PY" -m bench.gpu_real_model run --model "$MODEL15" \
         --ref "$REAL/ref15.json" --book-ids "$REAL/book_ids.json" --tiers 0.05 \
         --json "$OUT/gpu_real_model_15b.json" ;;
-    7) need MODEL15
+    8) need MODEL15
        step spec_qwen15 590 "$PY" -m bench.cpu_spec --model "$MODEL15" --draft "$MODEL" \
         --device cuda --dtype bfloat16 --weights dense \
         --book "$REAL/books/pride_and_prejudice.txt" --modes off lookup self draft \
