@@ -191,13 +191,8 @@ spec() {
 
 serve() {
     case $1 in
-    1) local BUNDLE=${BUNDLE:-.whl/eval} PY=("$PY")
-       fail() { echo "gpu.sh: $*" >&2; exit 2; }
-       [ -f "$BUNDLE/MANIFEST" ] || fail "no $BUNDLE/MANIFEST: build it with scripts/eval_bundle.py"
-       . bench/gpu_modules.sh
-       install_modules "$BUNDLE" "${STAGE:-/root/stage}/py"
-       export PYTHONPATH="${STAGE:-/root/stage}/py:$PWD" AGENTCTX_HOME=/tmp/agentctx-home
-       step serve_load 590 "${PY[@]}" -m bench.serve_load --model dummy:llama-3.1-8b \
+    1) AGENTCTX_HOME=${AGENTCTX_HOME:-/tmp/agentctx-home} modules
+       step serve_load 590 "$PY" -m bench.serve_load --model dummy:llama-3.1-8b \
         --device cuda --generate --clients 1 4 16 --prompt-tokens 512 --max-tokens 256 \
         --vocab 128000 --logs "$OUT" --json "$OUT/serve_h200.json" ;;
     *) return 1 ;;
