@@ -116,11 +116,33 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [T, Hq, D] (k, v: this step's rows, already stored in kv) -> [T, Hq, D]."""
     if ctx.decode_only and q.is_cuda and ctx.sliding_window is None:
-        from kernels.paged_decode import paged_decode_attention
-        from kernels.views import PagedKV
-
-        return paged_decode_attention(q, PagedKV(kv, ctx.block_tables, ctx.kv_lens_t), scale)
+        return _paged_kernel(q, kv, ctx, scale)
+    if ctx.verify and q.is_cuda and kv.is_cuda and ctx.block_tables is not None:
+        # each of a verification's queries as one decode row: its sequence's table and its
+        # own length (ctx.block_tables / kv_lens_t per query, filled by the runner)
+        return _paged_kernel(q, kv, ctx, scale)
     return _attention_per_sequence(q, k, v, kv, ctx, scale, layer)
+
+
+def per_query_tables(page_lists, kv_lens: list[int], T: int) -> tuple[list, list[int]]:
+    """A verification's B * T queries as decode rows: each query's row repeats its
+    sequence's pages (padded to one width) and its length counts the keys it sees (query t
+    of a sequence of kv_len tokens sits at kv_len - T + t). Returns (rows, lengths)."""
+    width = max(len(p) for p in page_lists)
+    rows, lens = [], []
+    for pages, n in zip(page_lists, kv_lens, strict=True):
+        row = [int(x) for x in pages] + [0] * (width - len(pages))
+        rows += [row] * T
+        lens += [n - T + 1 + t for t in range(T)]
+    return rows, lens
+
+
+def _paged_kernel(q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, scale: float):
+    from kernels.paged_decode import paged_decode_attention
+    from kernels.views import PagedKV
+
+    cache = PagedKV(kv, ctx.block_tables, ctx.kv_lens_t)
+    return paged_decode_attention(q, cache, scale, num_splits=ctx.attn_splits)
 
 
 def _decode_attention_cpu(

@@ -24,6 +24,10 @@ class StepContext:
     block_tables: torch.Tensor | None = None  # [B, max_pages] int32
     kv_lens_t: torch.Tensor | None = None  # [B] int32
     decode_only: bool = False
+    # the paged decode kernel's splits per (sequence, KV head) (None: its default for the
+    # rows); a verification on the GPU passes its decode step's, so that each query sums
+    # as that step would
+    attn_splits: int | None = None
     sliding_window: int | None = None
     prefill_attn_dtype: torch.dtype | None = None  # fast mode: prefill attention in bf16
     dense_kv: list | None = None  # per sequence: an engine.kv.dense_kv.DenseKV, or None (CPU)

@@ -12,6 +12,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import StepCancelled
 from engine.kv.dense_kv import DenseKV
 from engine.kv.pool import KVCache
+from engine.layers.attention import per_query_tables
 from engine.layers.rope import RotaryEmbedding
 from engine.layers.sampler import sample
 from engine.layers.step_context import StepContext
@@ -223,7 +224,27 @@ class ModelRunner:
                 tables = [list(p) + [0] * (width - len(p)) for p in b.page_lists]
                 ctx.tier_tables = self._to_device(tables, torch.int32).view(len(tables), width)
                 ctx.tier_lens = self._to_device(b.kv_lens, torch.int32)
+        elif verify and decode and self.device.type == "cuda":
+            self._verify_tables(ctx, b, n)
         return self.model(self._to_device(b.ids), self.kv.layers, ctx)
+
+    def _verify_tables(self, ctx: StepContext, b: StepInputs, T: int) -> None:
+        """A verification on the GPU without the tiered cache: each of its B * T queries
+        attends as one decode row (the paged decode kernel), with its sequence's pages and
+        its own length, split as the decode step of B sequences splits (so a query sums in
+        the order its plain decode step would, not a gather of the whole context for
+        per-head SDPA: 40-65 ms a verification of Qwen2.5-Coder-0.5B at 26K tokens)."""
+        from kernels.paged_decode import default_num_splits
+
+        w = self.cfg.sliding_window
+        if w is not None and max(b.kv_lens) > w:
+            return
+        rows, lens = per_query_tables(b.page_lists, b.kv_lens, T)
+        ctx.block_tables = self._to_device(rows, torch.int32).view(len(rows), -1)
+        ctx.kv_lens_t = self._to_device(lens, torch.int32)
+        B = len(b.kv_lens)
+        size = self.graph_setup.size_for(B) if self.decode_graphs is not None else None
+        ctx.attn_splits = default_num_splits(size or B, self.cfg.num_kv_heads, self.device)
 
     def _generator(self, seq) -> torch.Generator | None:
         if seq.params.greedy:

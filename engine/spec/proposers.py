@@ -23,6 +23,7 @@ import torch
 from engine.layers.sampler import filter_logits
 from engine.spec.lookup import PromptLookup, TokenHistory
 from engine.spec.ring import RingKV, ring_forward
+from engine.spec.ring_graph import RingStepGraph
 
 
 @dataclass(slots=True)
@@ -99,6 +100,12 @@ class _RingDrafter(Proposer):
         cfg = model.cfg
         self.shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         self.rings: dict[int, RingKV] = {}
+        # greedy drafts through a step graph per ring (engine.spec.ring_graph) on a GPU,
+        # where one eager token's launches cost more than the target's decode step; `graphs`
+        # True with `capture` False runs the same steps eagerly (a check on the CPU)
+        self.graphs = self.capture = torch.device(device).type == "cuda"
+        self.steppers: dict[int, RingStepGraph] = {}
+        self._pool = None
 
     def _ring(self, seq) -> RingKV:
         ring = self.rings.get(seq.seq_id)
@@ -114,6 +121,27 @@ class _RingDrafter(Proposer):
 
     def release(self, seq_id: int) -> None:
         self.rings.pop(seq_id, None)
+        self.steppers.pop(seq_id, None)
+
+    def _greedy_steps(self, seq, ring: RingKV, ids: list[int], positions: list[int],
+                      to_tail: bool, k: int) -> list[int]:  # fmt: skip
+        """A greedy draft through the ring's step graph (RingStepGraph): a first pass of
+        several tokens runs eagerly, every one-token pass replays the graph."""
+        g = self.steppers.get(seq.seq_id)
+        if g is None:
+            if self._pool is None and self.capture:
+                self._pool = torch.cuda.graph_pool_handle()
+            g = RingStepGraph(self.model, self.rope, ring, self.max_k, self._pool, self.capture)
+            self.steppers[seq.seq_id] = g
+        k = min(k, self.max_k)
+        if len(ids) == 1:
+            dest = ring.tail_index(1)[0] if to_tail else ring.ring_index(positions)[0]
+            return g.draft(ids[0], positions[0], dest, k, ring, to_tail)
+        first = int(ring_forward(self.model, self.rope, ring, ids, positions, to_tail).argmax())
+        if k == 1:
+            return [first]
+        return [first] + g.draft(first, positions[-1] + 1, ring.tail_index(1)[0], k - 1, ring,
+                                 True)  # fmt: skip
 
     def _sync(self, seq, ring: RingKV) -> tuple[list[int], list[int], bool]:
         """Bring the ring up to the context; returns the tokens and positions of the first
@@ -125,6 +153,8 @@ class _RingDrafter(Proposer):
         ring.clear_tail()
         ids, positions, to_tail = self._sync(seq, ring)
         params = seq.params
+        if params.greedy and self.graphs:
+            return Draft(self._greedy_steps(seq, ring, ids, positions, to_tail, k), None)
         tokens, rows = [], []
         for i in range(min(k, self.max_k)):
             logits = ring_forward(self.model, self.rope, ring, ids, positions, to_tail)

@@ -97,10 +97,6 @@ def ring_forward(model, rope, ring: RingKV, ids: list[int], positions: list[int]
     in the tail (drafted tokens). Returns the last position's logits [V] (fp32)."""
     dev = ring.k.device
     T = len(ids)
-    pos_t = torch.tensor(positions, device=dev)
-    cos, sin = rope(pos_t)
-    key_pos = torch.cat([ring.pos, pos_t])
-    mask = (key_pos[None, :] >= 0) & (key_pos[None, :] <= pos_t[:, None])  # [T, C + T]
     if to_tail:
         dest = ring.tail_index(T)
         keep = list(range(T))
@@ -108,9 +104,26 @@ def ring_forward(model, rope, ring: RingKV, ids: list[int], positions: list[int]
         kept = set(ring.keep_positions(positions))
         keep = [i for i, p in enumerate(positions) if p in kept]
         dest = ring.ring_index([positions[i] for i in keep])
-    dest_t = torch.tensor(dest, device=dev, dtype=torch.long)
-    keep_t = torch.tensor(keep, device=dev, dtype=torch.long)
-    x, residual = model.embed_tokens(torch.tensor(ids, device=dev)), None
+    logits = ring_layers(
+        model, rope, ring, torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
+        torch.tensor(dest, device=dev, dtype=torch.long),
+        None if len(keep) == T else torch.tensor(keep, device=dev, dtype=torch.long),
+    )  # fmt: skip
+    if to_tail:
+        ring.tail_len += T
+    return logits
+
+
+def ring_layers(model, rope, ring: RingKV, ids: torch.Tensor, pos: torch.Tensor,
+                dest: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """ring_forward's pass on device tensors (ids, pos [T]; the KV of rows `keep`, all when
+    None, goes to ring entries `dest`): no host reads, so a CUDA graph can hold it
+    (engine.spec.ring_graph). Returns the last position's logits [V] (fp32)."""
+    T = ids.shape[0]
+    cos, sin = rope(pos)
+    key_pos = torch.cat([ring.pos, pos])
+    mask = (key_pos[None, :] >= 0) & (key_pos[None, :] <= pos[:, None])  # [T, C + T]
+    x, residual = model.embed_tokens(ids), None
     for layer_idx, layer in enumerate(model.layers):
         if residual is None:
             h, residual = layer.input_layernorm.forward(x), x
@@ -124,13 +137,13 @@ def ring_forward(model, rope, ring: RingKV, ids: list[int], positions: list[int]
             q.transpose(0, 1)[None], keys[None].to(q.dtype), vals[None].to(q.dtype),
             attn_mask=mask, scale=a.scale, enable_gqa=True,
         )  # fmt: skip
-        ring.k[layer_idx][:, dest_t] = k[keep_t].transpose(0, 1).to(ring.k.dtype)
-        ring.v[layer_idx][:, dest_t] = v[keep_t].transpose(0, 1).to(ring.v.dtype)
+        if keep is not None:
+            k, v = k[keep], v[keep]
+        ring.k[layer_idx][:, dest] = k.transpose(0, 1).to(ring.k.dtype)
+        ring.v[layer_idx][:, dest] = v.transpose(0, 1).to(ring.v.dtype)
         h = a.o_proj.forward(o[0].transpose(0, 1).reshape(T, a.q_size))
         h, residual = layer.post_attention_layernorm.forward(h, residual)
         x = layer.mlp.forward(h)
-    ring.pos[dest_t] = pos_t[keep_t]
-    if to_tail:
-        ring.tail_len += T
+    ring.pos[dest] = pos if keep is None else pos[keep]
     hidden = model.norm(x[-1:], residual[-1:])[0]
     return model.compute_logits(hidden)[0].float()

@@ -100,3 +100,63 @@ def test_drafted_tokens_stay_in_the_tail(engine):
     # committing a tail entry makes it context: it replaces the oldest window position
     ring.commit_tail(1)
     assert 20 in ring.pos[:10].tolist() and 12 not in ring.pos[:10].tolist()
+
+
+class _Seq:
+    """What a proposer reads of a sequence: its id, tokens and sampling parameters."""
+
+    def __init__(self, seq_id: int, token_ids: list[int]) -> None:
+        from engine import SamplingParams
+
+        self.seq_id, self.token_ids, self.params = seq_id, token_ids, SamplingParams()
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def drafts_agree(model, rope, capture: bool) -> None:
+    """A DraftModel's greedy drafts through its step graph equal its eager loop's, tokens
+    and ring, across verifications that accept part of a draft (the graph's warm-up leaves
+    garbage only in the last tail entry, which holds no position)."""
+    from engine.spec.proposers import DraftModel
+
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 300, (30,), generator=g).tolist()
+    eager = DraftModel(model, rope, sinks=2, window=8, max_k=6)
+    steps = DraftModel(model, rope, sinks=2, window=8, max_k=6)
+    eager.graphs = False
+    steps.graphs, steps.capture = True, capture
+    a, b = _Seq(1, list(tokens)), _Seq(1, list(tokens))
+    for k, accept, bonus in ((4, 2, 7), (5, 0, 9), (1, 1, 3), (6, 6, 11)):
+        da, db = eager.propose(a, k), steps.propose(b, k)
+        assert da.tokens == db.tokens and len(da.tokens) == k
+        ra, rb = eager.rings[1], steps.rings[1]
+        assert torch.equal(ra.pos, rb.pos) and ra.tail_len == rb.tail_len
+        torch.testing.assert_close(ra.k[:, :, :-1], rb.k[:, :, :-1], rtol=0, atol=0)
+        for p, s in ((eager, a), (steps, b)):
+            p.accepted(s, k, accept)
+            s.token_ids += da.tokens[:accept] + [bonus]
+    assert 1 in steps.steppers
+    steps.release(1)
+    assert 1 not in steps.steppers
+
+
+def test_step_graph_drafts_as_the_eager_loop(engine):
+    """engine.spec.ring_graph's steps, run eagerly (a CPU has no graphs)."""
+    from engine.spec.proposers import DraftModel
+
+    assert not DraftModel(engine.model, engine.runner.rope).graphs  # (a CPU: eager)
+    drafts_agree(engine.model, engine.runner.rope, capture=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_step_graph_on_the_gpu(tmp_path_factory):
+    """The same, with the steps replayed from a CUDA graph."""
+    from engine import Engine
+
+    cfg = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    )  # fmt: skip
+    eng = Engine.load(tiny_checkpoint(tmp_path_factory, "ring_gpu", cfg), device="cuda")
+    drafts_agree(eng.model, eng.runner.rope, capture=True)

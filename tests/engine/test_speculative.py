@@ -392,3 +392,26 @@ def test_verify_graph_pieces_double_from_one_layer():
             sizes = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
             assert sum(sizes) == layers and all(s >= 1 for s in sizes)
             assert sizes[:-1] == [2**i for i in range(len(sizes) - 1)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("mode", ["lookup", "self", "draft"])
+def test_greedy_speculation_on_the_gpu(checkpoint, mode):
+    """On a GPU (fp32): a verification's queries as paged decode rows, drafts through the
+    ring's step graph; the tokens are plain decoding's."""
+    from engine import Engine
+    from engine.config import EngineConfig
+
+    def run(spec):
+        e = Engine.load(checkpoint, device="cuda", config=EngineConfig(speculate=spec))
+        return e, e.generate(prompts(), PARAMS)
+
+    _, plain = run(None)
+    spec = SpecConfig(mode=f"draft:{checkpoint}" if mode == "draft" else mode, window=24,
+                      adaptive=False)  # fmt: skip
+    engine, got = run(spec)
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain]
+    stats = [c.stats.speculation for c in got]
+    assert sum(s.steps for s in stats) > 0 and sum(s.accepted for s in stats) > 0
+    if mode != "lookup":  # (its step graphs are dropped with each finished sequence)
+        assert engine.spec.proposer.graphs
