@@ -2,9 +2,9 @@
 # The GPU runs behind docs/benchmarks.md, one target per group of its tables. Run from the
 # repository root on the GPU machine; every command writes its log, and its JSON where it has
 # one, under $OUT (default /tmp/agentctx-bench), and prints the log's tail.
-#   bash bench/gpu.sh TARGET [STEP]
-# STEP runs one command of the target (1, 2, ...): a whole target can take longer than one
-# device call. The graded answer evaluation has its own script: bench/gpu_answer_eval.sh.
+#   bash bench/gpu.sh TARGET [STEP[,STEP...]]
+# STEP runs one command of the target (1, 2, ...; several in the order given, e.g. 6,8,7):
+# a whole target can take longer than one device call. The graded answer evaluation has its own script: bench/gpu_answer_eval.sh.
 set -u
 
 OUT=${OUT:-/tmp/agentctx-bench}
@@ -13,7 +13,7 @@ TARGETS="kernels decode real-model real-quality sparse-128k sparse-500k spec ser
 
 usage() {
     cat >&2 <<EOF
-usage: bash bench/gpu.sh TARGET [STEP]   (results under \$OUT, now $OUT)
+usage: bash bench/gpu.sh TARGET [STEP[,STEP...]]   (results under \$OUT, now $OUT)
   kernels      kernel tests and engine checks on the GPU; sparse attention, top-k, gather
   decode       8B-shape decode at 4K against transformers; KV reuse at 32K and 128K
   real-model   Qwen2.5-Coder-0.5B against llama.cpp's CUDA build (needs MODEL, REF,
@@ -207,8 +207,10 @@ esac
 run=${target//-/_}
 mkdir -p "$OUT"
 if [ $# -ge 2 ]; then
-    [[ $2 =~ ^[1-9][0-9]*$ ]] || usage
-    "$run" "$2" || { echo "gpu.sh: $target has no step $2" >&2; exit 2; }
+    [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || usage
+    for s in ${2//,/ }; do
+        "$run" "$s" || { echo "gpu.sh: $target has no step $s" >&2; exit 2; }
+    done
 else
     n=1
     while "$run" "$n"; do n=$((n + 1)); done
