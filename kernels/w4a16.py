@@ -10,11 +10,13 @@ q[n, 2j + 1] in its high one (`pack_int4`); `scale`, `zero` [N, K // 32] in the 
 dtype. GGUF's Q4_0/Q4_1/Q4_K blocks map onto it exactly (engine.loading.gguf_quants), and
 any float weight through the least-squares fit of engine.loading.int4_groups.
 
-The kernel: each program takes BLOCK_N output rows and a 1/SPLIT_K share of K, unpacks
-BLOCK_K weights a row at a time, dequantizes them in fp32, rounds them to x's dtype and
-multiplies by up to 16 rows of x (tl.dot, the rows padded to 16, fp32 accumulation); partial sums of the K shares go to an fp32 workspace,
-summed after. More than 16 rows of x (a prefill chunk): the weight is dequantized once per
-call into a bf16 temporary and multiplied by F.linear (compute-bound there).
+The kernel: each program takes BLOCK_N output rows and a 1/SPLIT_K share of K, and per
+group of 32 weights computes s * (q . x) + z * sum(x) in fp32 from the nibbles as they lie
+(low nibbles meet x's even entries, high ones its odd entries: no interleaving, no tensor
+cores, two FMAs a weight for each of up to 16 rows of x); partial sums of the K shares go to
+an fp32 workspace, summed after. The blocks per weight shape are timed once on a GPU
+(_config). More than 16 rows of x (a prefill chunk): the weight is dequantized once per call
+into a bf16 temporary and multiplied by F.linear (compute-bound there).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from kernels import HAS_TRITON
 
 GROUP = 32
-MAX_ROWS = 16  # rows of x one launch multiplies (tl.dot's smallest M)
+MAX_ROWS = 16  # rows of x one launch multiplies (an unrolled pass each over the unpacked weights)
 
 if HAS_TRITON:
     import triton
@@ -41,29 +43,37 @@ if HAS_TRITON:
         split = tl.program_id(1)
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        ts = tl.arange(0, BLOCK_T)
-        t_ok = ts < T
+        G: tl.constexpr = BLOCK_K // 32
         half = tl.arange(0, BLOCK_K // 2)
-        groups = tl.arange(0, BLOCK_K // 32)
+        groups = tl.arange(0, G)
+        ts = tl.arange(0, BLOCK_T)
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         k_lo = split * K_SHARE
         for k0 in range(k_lo, k_lo + K_SHARE, BLOCK_K):
-            # the packed bytes of BLOCK_K weights of each row: [BLOCK_N, BLOCK_K // 2]
+            # the packed bytes of BLOCK_K weights of each row, [BLOCK_N, G, 16]: byte j holds
+            # weight 2j (low nibble) and 2j + 1 (high), so it meets x's even and odd entries
             b = tl.load(
                 PACKED + rows[:, None] * stride_p + (k0 // 2 + half)[None, :],
                 mask=row_ok[:, None], other=0,
             ).to(tl.int32)  # fmt: skip
-            q = tl.join(b & 15, b >> 4)  # [BLOCK_N, BLOCK_K // 2, 2]: k = 2j, 2j + 1
-            q = tl.reshape(q, (BLOCK_N, BLOCK_K // 32, 32)).to(tl.float32)
+            lo = tl.reshape(b & 15, (BLOCK_N, G, 16)).to(tl.float32)
+            hi = tl.reshape(b >> 4, (BLOCK_N, G, 16)).to(tl.float32)
             g = k0 // 32 + groups
             s = tl.load(SCALE + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
                         other=0.0).to(tl.float32)  # fmt: skip
             z = tl.load(ZERO + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
                         other=0.0).to(tl.float32)  # fmt: skip
-            w = tl.reshape(q * s[:, :, None] + z[:, :, None], (BLOCK_N, BLOCK_K))
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(X + ts[:, None] * stride_x + ks[None, :], mask=t_ok[:, None], other=0.0)
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))  # fp32 accumulation
+            # sum_k (q_k s + z) x_k = s * sum_k q_k x_k + z * sum_k x_k, per group of 32
+            for t in tl.static_range(BLOCK_T):
+                xt = X + t * stride_x + k0 + 2 * half
+                t_ok = (half * 0 + t) < T
+                xe = tl.reshape(tl.load(xt, mask=t_ok, other=0.0).to(tl.float32), (G, 16))
+                xo = tl.reshape(tl.load(xt + 1, mask=t_ok, other=0.0).to(tl.float32), (G, 16))
+                qx = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)  # [BLOCK_N, G]
+                xs = tl.sum(xe + xo, axis=1)  # [G]
+                part = tl.sum(s * qx + z * xs[None, :], axis=1)  # [BLOCK_N]
+                acc = tl.where((ts == t)[:, None], acc + part[None, :], acc)
+        t_ok = ts < T
         tl.store(
             OUT + split * stride_os + ts[:, None] * stride_ot + rows[None, :],
             acc, mask=t_ok[:, None] & row_ok[None, :],
@@ -97,17 +107,76 @@ def w4a16_reference(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     return (x.float() @ dequantize(packed, scale, zero).T).to(x.dtype)
 
 
-def _blocks(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, SPLIT_K) for a weight [N, K]: enough programs to fill an H200's
-    132 SMs a few times over, each streaming a long run of K."""
-    block_k = 128 if k % 128 == 0 else (64 if k % 64 == 0 else 32)
-    block_n = 32
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps) per weight shape and device, chosen by timing
+_CHOSEN: dict[tuple, tuple[int, int, int, int]] = {}
+
+
+def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
+    """The K split that gives an H200's 132 SMs a few programs each, each streaming a long
+    run of K (a share of K a multiple of BLOCK_K)."""
     programs = triton.cdiv(n, block_n)
     split = 1
     while programs * split < 4 * 132 and k // (block_k * split * 2) >= 4 and \
             k % (block_k * split * 2) == 0:  # fmt: skip
         split *= 2
-    return block_n, block_k, split
+    return split
+
+
+def _candidates(n: int, k: int) -> list[tuple[int, int, int, int]]:
+    """The configurations a GPU times for one weight shape: the default first."""
+    out = []
+    for block_k in (128, 256):
+        if k % block_k:
+            continue
+        for block_n in (16, 32, 64):
+            split = _splits(n, k, block_n, block_k)
+            for s in (split // 2, split, split * 2):
+                if s >= 1 and k % (block_k * s) == 0:
+                    for warps in (4, 8):
+                        out.append((block_n, block_k, s, warps))
+    return out or [(32, 32, 1, 4)]
+
+
+def _launch(x, packed, scale, zero, config, T: int):
+    block_n, block_k, split, warps = config
+    N, K = packed.shape[0], x.shape[1]
+    out = torch.empty(split, T, N, device=x.device, dtype=torch.float32)
+    block_t = 1 if T == 1 else triton.next_power_of_2(T)
+    _w4a16_kernel[(triton.cdiv(N, block_n), split)](
+        x, packed, scale, zero, out, T, N, K, K // split,
+        x.stride(0), packed.stride(0), scale.stride(0), out.stride(0), out.stride(1),
+        BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out[0] if split == 1 else out.sum(0)
+
+
+def _config(x, packed, scale, zero) -> tuple[int, int, int, int]:
+    """The blocks for this weight: on a GPU the fastest of _candidates for one row, timed
+    once per shape (outside a CUDA graph's capture: the engine's warm-up step comes
+    first); the same for every row count, so that a row sums alike in a 1-row step and in a
+    verification's rows. In the interpreter: the first candidate."""
+    N, K = packed.shape[0], x.shape[1]
+    key = (N, K, x.dtype, x.device)
+    chosen = _CHOSEN.get(key)
+    if chosen is not None:
+        return chosen
+    cands = _candidates(N, K)
+    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+        return cands[0]
+    one = x[:1].contiguous()
+    times = []
+    for c in cands:
+        for _ in range(2):  # compile, settle
+            _launch(one, packed, scale, zero, c, 1)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            _launch(one, packed, scale, zero, c, 1)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    _CHOSEN[key] = chosen = cands[min(range(len(cands)), key=times.__getitem__)]
+    return chosen
 
 
 def w4a16(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
@@ -124,12 +193,4 @@ def w4a16(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torc
     if T > MAX_ROWS:  # a prefill chunk: dequantize once, then a dense matmul
         return F.linear(x, dequantize(packed, scale, zero, x.dtype))
     x = x.contiguous()
-    block_n, block_k, split = _blocks(N, K)
-    out = torch.empty(split, T, N, device=x.device, dtype=torch.float32)
-    grid = (triton.cdiv(N, block_n), split)
-    _w4a16_kernel[grid](
-        x, packed, scale, zero, out, T, N, K, K // split,
-        x.stride(0), packed.stride(0), scale.stride(0), out.stride(0), out.stride(1),
-        BLOCK_T=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-    )  # fmt: skip
-    return (out[0] if split == 1 else out.sum(0)).to(x.dtype)
+    return _launch(x, packed, scale, zero, _config(x, packed, scale, zero), T).to(x.dtype)

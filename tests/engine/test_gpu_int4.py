@@ -57,8 +57,9 @@ def test_rows_do_not_depend_on_each_other():
     w = torch.randn(64, 128) * 0.05
     from engine.loading.int4_groups import int4_groups
 
-    lin = W4A16Linear(*int4_groups(w), None, torch.float32)
-    x = torch.randn(9, 128)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # (the interpreter on a CPU)
+    lin = W4A16Linear(*int4_groups(w), None, torch.float32).to(dev)
+    x = torch.randn(9, 128).to(dev)
     from kernels.w4a16 import w4a16
 
     together = w4a16(x, lin.packed, lin.scale, lin.zero, use_triton=True)

@@ -129,9 +129,11 @@ from kernels.w4a16 import _w4a16_kernel
 w4_sig = {"X": "*bf16", "PACKED": "*u8", "SCALE": "*bf16", "ZERO": "*bf16", "OUT": "*fp32",
           "T": "i32", "N": "i32", "K": "i32", "K_SHARE": "i32", "stride_x": "i32",
           "stride_p": "i32", "stride_s": "i32", "stride_os": "i32", "stride_ot": "i32"}
-for block_k in (64, 128):
-    out[f"w4a16/{block_k}"] = build(_w4a16_kernel, w4_sig,
-                                    {"BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": block_k}, 4)
+# (the kernel's timed candidates: the one-row step, and a verification's rows, at each end)
+for t, n, k, warps in ((1, 16, 128, 4), (1, 64, 256, 8), (16, 16, 128, 4), (16, 32, 128, 4),
+                       (16, 64, 256, 8)):
+    out[f"w4a16/{t}x{n}x{k}/{warps}"] = build(_w4a16_kernel, w4_sig,
+                                             {"BLOCK_T": t, "BLOCK_N": n, "BLOCK_K": k}, warps)
 print(json.dumps(out))
 """
 
