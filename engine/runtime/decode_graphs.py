@@ -22,8 +22,11 @@ def key_size(key: int | tuple) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, setup: GraphSetup) -> None:
+    def __init__(self, setup: GraphSetup, attn_splits: int | None = None) -> None:
         self.setup = setup
+        # the paged decode kernel's split count (None: its default for the graph's rows; a
+        # verification's rows take their decode step's: engine.runtime.verify_rows)
+        self.attn_splits = attn_splits
         self.enabled = True  # (benchmarks switch the graphs off to time the eager path)
         s, n = setup, setup.max_size
         # all per-step inputs live in one int64 buffer, filled on the host in a pinned staging
@@ -82,6 +85,7 @@ class DecodeGraphs:
             block_tables=b["block_tables"][:n],
             kv_lens_t=b["kv_lens"][:n],
             decode_only=True,
+            attn_splits=self.attn_splits,
         )
         if s.tiers is not None:
             ctx.tiers = s.tiers

@@ -22,6 +22,7 @@ from engine.runtime.graph_setup import GraphSetup, graph_sizes
 from engine.runtime.scheduler import SchedulerOutput
 from engine.runtime.step_inputs import StepInputs, StepShape, prepare
 from engine.runtime.verify_graphs import VerifyGraphs
+from engine.runtime.verify_rows import VerifyRowGraphs
 
 
 class ModelRunner:
@@ -74,6 +75,7 @@ class ModelRunner:
         self.graph_setup: GraphSetup | None = None
         self.decode_graphs: DecodeGraphs | None = None
         self.verify_graphs: VerifyGraphs | None = None
+        self.verify_rows: VerifyRowGraphs | None = None  # (without the tiered cache)
         if use_graphs:
             self.graph_setup = setup = GraphSetup(
                 model=model,
@@ -89,6 +91,8 @@ class ModelRunner:
             )
             if self.tiers is not None:
                 self.verify_graphs = VerifyGraphs(setup, enabled=engine_cfg.verify_graphs)
+            elif getattr(engine_cfg.speculate, "mode", "off") != "off" and engine_cfg.verify_graphs:
+                self.verify_rows = VerifyRowGraphs(setup, cfg.num_kv_heads)
             self.decode_graphs = DecodeGraphs(setup)  # (captures its graphs without tiers)
 
     def _to_device(self, values: list[int], dtype=torch.long) -> torch.Tensor:
@@ -164,6 +168,8 @@ class ModelRunner:
             logits = self.verify_graphs.replay(batch)
             if logits is not None:
                 return logits.view(B, T, -1)
+        if self.verify_rows is not None and self.verify_rows.eligible(batch, T):
+            return self.verify_rows.replay(batch, T).view(B, T, -1)
         if self.tiers is not None:
             self.tiers.defer_summaries = True
         try:

@@ -397,8 +397,9 @@ def test_verify_graph_pieces_double_from_one_layer():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("mode", ["lookup", "self", "draft"])
 def test_greedy_speculation_on_the_gpu(checkpoint, mode):
-    """On a GPU (fp32): a verification's queries as paged decode rows, drafts through the
-    ring's step graph; the tokens are plain decoding's."""
+    """On a GPU (fp32): verifications as decode-graph replays over one row per query
+    (engine.runtime.verify_rows), drafts through the ring's step graph; the tokens are
+    plain decoding's."""
     from engine import Engine
     from engine.config import EngineConfig
 
@@ -413,5 +414,6 @@ def test_greedy_speculation_on_the_gpu(checkpoint, mode):
     assert [c.token_ids for c in got] == [c.token_ids for c in plain]
     stats = [c.stats.speculation for c in got]
     assert sum(s.steps for s in stats) > 0 and sum(s.accepted for s in stats) > 0
+    assert engine.runner.verify_rows.replays == sum(s.steps for s in stats) > 0  # in graphs
     if mode != "lookup":  # (its step graphs are dropped with each finished sequence)
         assert engine.spec.proposer.graphs

@@ -26,6 +26,21 @@ def test_layout_of_queries():
     assert lens == [18, 19, 20, 35, 36, 37]
 
 
+def test_graph_rows_of_a_verification():
+    """The inputs a verification's decode-graph replay gets (engine.runtime.verify_rows):
+    tokens, positions and slots as they are, per row its sequence's pages and its length."""
+    from engine.runtime.step_inputs import StepInputs
+    from engine.runtime.verify_rows import per_query_inputs
+
+    b = StepInputs(query_lens=[2, 2], kv_lens=[20, 37], ids=[5, 6, 7, 8],
+                   positions=[18, 19, 35, 36], pages=[1, 1, 9, 9], offsets=[2, 3, 3, 4],
+                   page_lists=[[4, 1], [7, 2, 9]])  # fmt: skip
+    r = per_query_inputs(b, 2)
+    assert r.query_lens == [1, 1, 1, 1] and r.kv_lens == [19, 20, 36, 37]
+    assert r.page_lists == [[4, 1], [4, 1], [7, 2, 9], [7, 2, 9]]
+    assert (r.ids, r.positions, r.pages, r.offsets) == (b.ids, b.positions, b.pages, b.offsets)
+
+
 @pytest.mark.parametrize("T", [1, 2, 5])
 def test_rows_equal_causal_attention_and_their_decode_steps(T):
     g = torch.Generator().manual_seed(T)
