@@ -40,8 +40,9 @@ def row_exact(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x) with each row computed as a one-row call would: a GEMM over several rows
     may sum in another order than the GEMV of one row (MKL does, in the last bits), so a
     verification step runs its rows one by one. The quantized kernels are row-independent as
-    they are (tested; the W4A16 kernel up to its 16 rows a launch), and are kept for any row
-    count here (their dense switch-over would change the numbers)."""
+    they are (tested; the W4A16 kernel up to its 16 rows a launch, in the interpreter: on a
+    GPU, where no verification is bit-exact, each row block compiles its own kernel), and
+    are kept for any row count here (their dense switch-over would change the numbers)."""
     from engine.loading.gpu_int4 import W4A16Linear
     from engine.loading.quant import QUANT_LINEARS
 

@@ -22,7 +22,8 @@ def key_size(key: int | tuple) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, setup: GraphSetup, attn_splits: int | None = None) -> None:
+    def __init__(self, setup: GraphSetup, attn_splits: int | None = None,
+                 capture_now: bool = True) -> None:  # fmt: skip
         self.setup = setup
         # the paged decode kernel's split count (None: its default for the graph's rows; a
         # verification's rows take their decode step's: engine.runtime.verify_rows)
@@ -60,7 +61,7 @@ class DecodeGraphs:
         # the GPU span (CUDA events) of the last step collected, for benchmarks and the
         # "timed" prefetch policy
         self.last_step_gpu_ms = 0.0
-        if s.tiers is None:
+        if s.tiers is None and capture_now:  # (else each size when first needed)
             for size in sorted(s.sizes, reverse=True):
                 self._capture(size)
         torch.cuda.synchronize()

@@ -76,6 +76,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.verify_graphs: VerifyGraphs | None = None
         self.verify_rows: VerifyRowGraphs | None = None  # (without the tiered cache)
+        self.verify_rows_on = engine_cfg.verify_graphs
         if use_graphs:
             self.graph_setup = setup = GraphSetup(
                 model=model,
@@ -168,6 +169,9 @@ class ModelRunner:
             logits = self.verify_graphs.replay(batch)
             if logits is not None:
                 return logits.view(B, T, -1)
+        if self.verify_rows is None and self.tiers is None and self.graph_setup is not None \
+                and self.verify_rows_on:  # (a speculative decoder added after the load)
+            self.verify_rows = VerifyRowGraphs(self.graph_setup, self.cfg.num_kv_heads)
         if self.verify_rows is not None and self.verify_rows.eligible(batch, T):
             return self.verify_rows.replay(batch, T).view(B, T, -1)
         if self.tiers is not None:

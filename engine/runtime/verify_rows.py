@@ -58,7 +58,7 @@ class VerifyRowGraphs:
         graphs = self.by_splits.get(splits)
         if graphs is None:
             rows_setup = dataclasses.replace(s, sizes=list(ROW_SIZES), pool=None)
-            graphs = DecodeGraphs(rows_setup, attn_splits=splits)
+            graphs = DecodeGraphs(rows_setup, attn_splits=splits, capture_now=False)
             self.by_splits[splits] = graphs
         self.replays += 1
         return graphs.replay(per_query_inputs(batch, T))

@@ -65,4 +65,7 @@ def test_rows_do_not_depend_on_each_other():
     together = w4a16(x, lin.packed, lin.scale, lin.zero, use_triton=True)
     alone = torch.cat([w4a16(x[i : i + 1], lin.packed, lin.scale, lin.zero, use_triton=True)
                        for i in range(9)])  # fmt: skip
-    assert torch.equal(together, alone)
+    if dev == "cpu":  # the interpreter: bit for bit (the CPU's verification relies on it)
+        assert torch.equal(together, alone)
+    else:  # a GPU compiles one kernel per row block (its sums may differ in the last bits)
+        torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)

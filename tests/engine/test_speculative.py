@@ -414,6 +414,7 @@ def test_greedy_speculation_on_the_gpu(checkpoint, mode):
     assert [c.token_ids for c in got] == [c.token_ids for c in plain]
     stats = [c.stats.speculation for c in got]
     assert sum(s.steps for s in stats) > 0 and sum(s.accepted for s in stats) > 0
-    assert engine.runner.verify_rows.replays == sum(s.steps for s in stats) > 0  # in graphs
+    # in graphs: one replay per verification of the batch (each sequence counts its own)
+    assert 0 < engine.runner.verify_rows.replays <= sum(s.steps for s in stats)
     if mode != "lookup":  # (its step graphs are dropped with each finished sequence)
         assert engine.spec.proposer.graphs
