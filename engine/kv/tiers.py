@@ -47,6 +47,7 @@ from engine.kv.selection import Selection
 from engine.kv.sparse_config import COUNTERS, C, SparseConfig, TierStats
 from kernels.kv_append import fold_summaries, tier_append
 from kernels.sparse_decode import sparse_decode_attention
+from kernels.step_units import SelectedCounters, step_units
 from kernels.views import PageList, RowPlaces, SlotTable
 
 
@@ -186,26 +187,22 @@ class TieredKV:
                 f"step's {B * Hkv * width} selected pages: raise --gpu-kv-budget or lower the "
                 "sparse budget"
             )
-        # the units the step reads, and their slots (fetching what is missing)
-        page_ids = torch.gather(block_tables.long(), 1, pages.reshape(B, -1).long())
-        units = page_ids.view(B, Hkv, -1) * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]
-        valid = torch.arange(width, device=q.device)[None, None, :] < counts[..., None]
+        # the units the step reads (one kernel, the step's counts with them), and their
+        # slots (fetching what is missing)
+        acc = self._acc
+        counted = SelectedCounters(acc, C["selected"], C["max_selected"], C["steps"])
+        units, valid = step_units(block_tables, pages, counts, Hkv, counted)
         if qmask is not None and not sp.verify_shared_fetch:  # the per-query way (benchmarks)
             for t in range(T):
-                mine = valid & (((qmask >> t) & 1) != 0)
-                pf.ensure_resident(layer, units.reshape(-1), mine.reshape(-1))
-        slots = pf.ensure_resident(layer, units.reshape(-1), valid.reshape(-1))
+                mine = valid & (((qmask.reshape(-1) >> t) & 1) != 0)
+                pf.ensure_resident(layer, units, mine)
+        slots = pf.ensure_resident(layer, units, valid)
         if predicted is not None and not sp.forecast_only:  # recall@k (after the prefetch's wait)
-            pf.count_recall(layer, pages, valid, predicted, block_tables.shape[1])
+            pf.count_recall(layer, pages, valid.view(B, Hkv, width), predicted,
+                            block_tables.shape[1])  # fmt: skip
         listed = PageList(slots.view(B, Hkv, width), pages.to(torch.int32), counts, qmask)
-        out = sparse_decode_attention(q.contiguous(), self.residency.slots[layer], listed,
-                                      kv_lens.to(torch.int32), scale)  # fmt: skip
-        n_sel = counts.sum()
-        acc = self._acc
-        acc[C["selected"]] += n_sel
-        acc[C["max_selected"]] = torch.maximum(acc[C["max_selected"]], n_sel)
-        acc[C["steps"]] += 1
-        return out
+        return sparse_decode_attention(q.contiguous(), self.residency.slots[layer], listed,
+                                       kv_lens.to(torch.int32), scale)  # fmt: skip
 
     def after_attention(self, layer: int, residual: torch.Tensor, ctx) -> None:
         """Layer `layer`'s attention is done (residual: the stream before its MLP): predict

@@ -169,8 +169,12 @@ class ModelRunner:
             logits = self.verify_graphs.replay(batch)
             if logits is not None:
                 return logits.view(B, T, -1)
-        if self.verify_rows is None and self.tiers is None and self.graph_setup is not None \
-                and self.verify_rows_on:  # (a speculative decoder added after the load)
+        if (
+            self.verify_rows is None
+            and self.tiers is None
+            and self.graph_setup is not None
+            and self.verify_rows_on
+        ):  # (a speculative decoder added after the load)
             self.verify_rows = VerifyRowGraphs(self.graph_setup, self.cfg.num_kv_heads)
         if self.verify_rows is not None and self.verify_rows.eligible(batch, T):
             return self.verify_rows.replay(batch, T).view(B, T, -1)

@@ -134,6 +134,11 @@ for t, n, k, warps in ((1, 16, 128, 4), (1, 64, 256, 8), (16, 16, 128, 4), (16, 
                        (16, 64, 256, 8)):
     out[f"w4a16/{t}x{n}x{k}/{warps}"] = build(_w4a16_kernel, w4_sig,
                                              {"BLOCK_T": t, "BLOCK_N": n, "BLOCK_K": k}, warps)
+from kernels.step_units import _units_kernel
+out["step_units"] = build(_units_kernel, {"BT": i32, "PAGES": i32, "COUNTS": i32, "UNITS": i64,
+                          "VALID": "*i8", "ACC": i64, "s_bt": "i32", "W": "i32", "M": "i32",
+                          "ROWS": "i32", "C_SEL": "i32", "C_MAX": "i32", "C_STEPS": "i32"},
+                          {"HKV": 8, "BLOCK_W": 256, "ROWS_P2": 64, "COUNT": True}, 4)
 print(json.dumps(out))
 """
 
