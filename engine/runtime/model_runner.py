@@ -75,7 +75,8 @@ class ModelRunner:
         self.graph_setup: GraphSetup | None = None
         self.decode_graphs: DecodeGraphs | None = None
         self.verify_graphs: VerifyGraphs | None = None
-        self.verify_rows: VerifyRowGraphs | None = None  # (without the tiered cache)
+        # verifications without the tiered cache, in graphs (made at the first one)
+        self.verify_rows: VerifyRowGraphs | None = None
         self.verify_rows_on = engine_cfg.verify_graphs
         if use_graphs:
             self.graph_setup = setup = GraphSetup(
@@ -92,8 +93,6 @@ class ModelRunner:
             )
             if self.tiers is not None:
                 self.verify_graphs = VerifyGraphs(setup, enabled=engine_cfg.verify_graphs)
-            elif getattr(engine_cfg.speculate, "mode", "off") != "off" and engine_cfg.verify_graphs:
-                self.verify_rows = VerifyRowGraphs(setup, cfg.num_kv_heads)
             self.decode_graphs = DecodeGraphs(setup)  # (captures its graphs without tiers)
 
     def _to_device(self, values: list[int], dtype=torch.long) -> torch.Tensor:
@@ -174,7 +173,7 @@ class ModelRunner:
             and self.tiers is None
             and self.graph_setup is not None
             and self.verify_rows_on
-        ):  # (a speculative decoder added after the load)
+        ):
             self.verify_rows = VerifyRowGraphs(self.graph_setup, self.cfg.num_kv_heads)
         if self.verify_rows is not None and self.verify_rows.eligible(batch, T):
             return self.verify_rows.replay(batch, T).view(B, T, -1)
