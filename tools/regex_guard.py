@@ -31,11 +31,13 @@ MAX_PATTERN_CHARS = 1000
 # 20,000 compiles in about 40 ms.
 MAX_UNROLLED = 20_000
 # CPU seconds of matching the searches of one tool call may use, plus this much per
-# character searched (1 us: a linear pattern runs at 10-100 MB/s, so only a backtracking
-# one runs out). CPU time, as `regex` counts its timeout: a loaded machine is no reason
-# to cut a search short.
+# character searched (0.25 us: a linear pattern runs at 10-100 MB/s, 0.01-0.1 us a
+# character, so only a backtracking one runs out; at 1 us a pattern backtracking ~1 us a
+# character, `(\w+\s?)*$`, ran 4 s over this 4.5 MB repository without being stopped).
+# CPU time, as `regex` counts its timeout: a loaded machine is no reason to cut a search
+# short.
 BASE_SECONDS = 0.5
-SECONDS_PER_CHAR = 1e-6
+SECONDS_PER_CHAR = 0.25e-6
 
 _REPEATS = tuple(
     getattr(sre_constants, name)
