@@ -189,8 +189,7 @@ class TieredKV:
             )
         # the units the step reads (one kernel, the step's counts with them), and their
         # slots (fetching what is missing)
-        acc = self._acc
-        counted = SelectedCounters(acc, C["selected"], C["max_selected"], C["steps"])
+        counted = SelectedCounters(self._acc, C["selected"], C["max_selected"], C["steps"])
         units, valid = step_units(block_tables, pages, counts, Hkv, counted)
         if qmask is not None and not sp.verify_shared_fetch:  # the per-query way (benchmarks)
             for t in range(T):

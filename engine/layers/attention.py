@@ -129,12 +129,16 @@ def per_query_tables(page_lists, kv_lens: list[int], T: int) -> tuple[list, list
     sequence's pages (padded to one width) and its length counts the keys it sees (query t
     of a sequence of kv_len tokens sits at kv_len - T + t). Returns (rows, lengths)."""
     width = max(len(p) for p in page_lists)
-    rows, lens = [], []
-    for pages, n in zip(page_lists, kv_lens, strict=True):
-        row = [int(x) for x in pages] + [0] * (width - len(pages))
-        rows += [row] * T
-        lens += [n - T + 1 + t for t in range(T)]
-    return rows, lens
+    rows = []
+    for pages in page_lists:
+        rows += [[int(x) for x in pages] + [0] * (width - len(pages))] * T
+    return rows, query_lengths(kv_lens, T)
+
+
+def query_lengths(kv_lens: list[int], T: int) -> list[int]:
+    """The keys each of a verification's queries sees, sequence by sequence: query t of a
+    sequence of n tokens (the last T its queries) sees n - T + 1 + t."""
+    return [n - T + 1 + t for n in kv_lens for t in range(T)]
 
 
 def _paged_kernel(q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, scale: float):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.layers.attention import query_lengths
 from engine.runtime.decode_graphs import DecodeGraphs
 from engine.runtime.graph_setup import GraphSetup
 from engine.runtime.step_inputs import StepInputs
@@ -24,7 +25,7 @@ ROW_SIZES = [2, 4, 8, 16, 32, 64]  # rows a graph is captured for (B * T, padded
 def per_query_inputs(batch: StepInputs, T: int) -> StepInputs:
     """A verification's inputs as B * T decode rows (tokens, positions and slots as they
     are; per row its sequence's pages and its own length)."""
-    lens = [n - T + 1 + t for n in batch.kv_lens for t in range(T)]
+    lens = query_lengths(batch.kv_lens, T)
     pages = [p for p in batch.page_lists for _ in range(T)]
     return dataclasses.replace(batch, query_lens=[1] * len(lens), kv_lens=lens,
                                page_lists=pages)  # fmt: skip

@@ -136,12 +136,11 @@ class _RingDrafter(Proposer):
         k = min(k, self.max_k)
         if len(ids) == 1:
             dest = ring.tail_index(1)[0] if to_tail else ring.ring_index(positions)[0]
-            return g.draft(ids[0], positions[0], dest, k, ring, to_tail)
+            return g.draft(ids[0], positions[0], dest, k, to_tail)
         first = int(ring_forward(self.model, self.rope, ring, ids, positions, to_tail).argmax())
         if k == 1:
             return [first]
-        return [first] + g.draft(first, positions[-1] + 1, ring.tail_index(1)[0], k - 1, ring,
-                                 True)  # fmt: skip
+        return [first] + g.draft(first, positions[-1] + 1, ring.tail_index(1)[0], k - 1, True)
 
     def _sync(self, seq, ring: RingKV) -> tuple[list[int], list[int], bool]:
         """Bring the ring up to the context; returns the tokens and positions of the first

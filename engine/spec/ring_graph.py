@@ -24,7 +24,7 @@ class RingStepGraph:
     def __init__(self, model, rope, ring: RingKV, max_k: int, pool=None,
                  capture: bool = True) -> None:  # fmt: skip
         dev = ring.k.device
-        self.ring = ring
+        self.ring = ring  # (the one its graph reads)
         self.ids = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.dest = torch.zeros(1, dtype=torch.long, device=dev)
@@ -60,12 +60,11 @@ class RingStepGraph:
             self.graph.replay()
         self.out[i : i + 1].copy_(self.ids)
 
-    def draft(self, first: int | None, pos: int, dest: int, k: int, ring: RingKV,
-              to_tail: bool) -> list[int]:  # fmt: skip
-        """k greedy tokens: the first from token `first` (None: the one already in `ids`) at
-        `pos` into `dest` (the tail when `to_tail`), the rest fed back into the tail."""
-        if first is not None:
-            self.ids.fill_(first)
+    def draft(self, first: int, pos: int, dest: int, k: int, to_tail: bool) -> list[int]:
+        """k greedy tokens: the first from token `first` at `pos` into `dest` (the tail when
+        `to_tail`), the rest fed back into the tail."""
+        ring = self.ring
+        self.ids.fill_(first)
         self.step(pos, dest, 0)
         ring.tail_len += int(to_tail)
         for i in range(1, k):
