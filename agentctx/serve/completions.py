@@ -38,20 +38,26 @@ def sse(obj: dict | str) -> str:
 async def pieces(handle: RequestHandle, fmt: str | None, names: list[str], ids: bool = False):
     """("content", text) as it may be shown, then ("calls", calls) and ("done", event).
     With a tool format, text that may start a call is held back until it is decided. With
-    ids, each token event also gives ("ids", its token ids), after its text."""
+    ids, ("ids", token ids) after their text. The tokens that arrived together (the loop
+    fell behind the engine) come as one piece: one chunk to send, not one per token."""
     visible = VisibleText(fmt, names) if fmt else None
     text, done = "", None
-    async for event in handle.events():
-        if event.kind == "done":
-            done = event
-            continue
-        if event.text:
-            text += event.text
-            shown = visible.feed(event.text) if visible else event.text
+    async for events in handle.events():  # (the events that arrived together: one piece)
+        new, new_ids = "", []
+        for event in events:
+            if event.kind == "done":
+                done = event
+                continue
+            new += event.text or ""
+            if ids and event.token_ids:
+                new_ids += event.token_ids
+        if new:
+            text += new
+            shown = visible.feed(new) if visible else new
             if shown:
                 yield "content", shown
-        if ids and event.token_ids:
-            yield "ids", event.token_ids
+        if new_ids:
+            yield "ids", new_ids
     if done.finish_reason and done.finish_reason.startswith("error"):
         raise ApiError(500, f"the engine failed: {done.finish_reason}", kind="server_error")
     content, calls = parse_tool_calls(text, fmt, names) if fmt else (text, [])

@@ -55,7 +55,7 @@ def test_a_token_id_prompt_answers_as_its_text_does(server):
     assert "token_ids" not in plain and plain["text"] == by_text["text"]
 
 
-def test_a_streamed_answer_with_token_ids_has_one_chunk_per_token(server):
+def test_a_streamed_answer_with_token_ids_carries_every_token_in_order(server):
     whole = complete(server, prompt="The river", return_token_ids=True).json()["choices"][0]
     chunks = complete(server, stream=True, prompt="The river", return_token_ids=True)
     per_token = [c["choices"][0] for c in chunks if "token_ids" in c["choices"][0]]
