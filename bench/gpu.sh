@@ -194,7 +194,8 @@ serve() {
     1) AGENTCTX_HOME=${AGENTCTX_HOME:-/tmp/agentctx-home} modules
        step serve_load 590 "$PY" -m bench.serve_load --model dummy:llama-3.1-8b \
         --device cuda --generate --clients 1 4 16 --prompt-tokens 512 --max-tokens 256 \
-        --vocab 128000 --logs "$OUT" --json "$OUT/serve_h200.json" ;;
+        --vocab 128000 --serve-variant AGENTCTX_SWITCH_INTERVAL_S=0.005 --logs "$OUT" \
+        --json "$OUT/serve_h200.json" ;;
     *) return 1 ;;
     esac
 }

