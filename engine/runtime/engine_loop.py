@@ -225,9 +225,8 @@ class EngineLoop:
                 self._finish(req)
 
     def _plan_ahead(self, out):
-        """The step after `out` if it is certain to be the same greedy decode batch, else None."""
-        if self.spec is not None:  # each step may draft: nothing is certain
-            return None
+        """The step after `out` if it is certain to be the same greedy decode batch, else None.
+        With speculation, only while lookup finds nothing to draft (SpecDecoder.ahead_ok)."""
         if any(it.seq.is_finished for it in out.scheduled):
             # cancelled while its step was in flight: its blocks are gone (planning it would
             # take a whole context's worth of blocks for a finished sequence)
@@ -246,7 +245,10 @@ class EngineLoop:
         ):
             return None
         nxt = SchedulerOutput([ScheduledSeq(it.seq, 1, True) for it in out.scheduled], [])
-        return nxt if self.runner.graph_eligible(nxt) else None
+        if not self.runner.graph_eligible(nxt):
+            return None
+        # (last: it counts the step as launched ahead)
+        return nxt if self.spec is None or self.spec.ahead_ok(out) else None
 
     def _emit(self, req: Request, item, sampled: dict[int, int], now: float) -> None:
         seq = req.seq

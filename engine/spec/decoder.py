@@ -133,6 +133,15 @@ def load_draft(path: str, device: torch.device, dtype: torch.dtype, cache_dir=No
     return model, cfg
 
 
+# Steps ahead with lookup drafts (SpecDecoder.ahead_ok): once every sequence of a batch has
+# found no continuation in its context for QUIET_PLANS plans in a row, the engine may launch
+# up to AHEAD_RUN plain steps each before the previous one's tokens are read (engine_loop:
+# the GPU does not wait for the host's bookkeeping), then looks for drafts again. A quote
+# that starts meanwhile is drafted at most AHEAD_RUN steps late; the tokens are the same.
+QUIET_PLANS = 4
+AHEAD_RUN = 8
+
+
 class SpecDecoder:
     """Drafts and verifies over the target's runner; the block manager gives each
     verification its room (and takes back what the rejected positions held)."""
@@ -145,6 +154,8 @@ class SpecDecoder:
         self.lengths = AdaptiveLength(cfg.start_k, cfg.max_k, fixed=not cfg.adaptive)
         self.generators: dict[int, torch.Generator] = {}
         self.stats: dict[int, SpecStats] = {}
+        self.quiet: dict[int, int] = {}  # plans in a row without a draft, per sequence
+        self.ahead_run = 0  # plain steps launched ahead since the last plan
 
     def _generator(self, seq) -> torch.Generator:
         gen = self.generators.get(seq.seq_id)
@@ -163,6 +174,7 @@ class SpecDecoder:
         items = out.scheduled
         if not items or not all(it.is_decode for it in items):
             return None
+        self.ahead_run = 0
         drafts, probs = {}, {}
         for it in items:
             seq = it.seq
@@ -173,6 +185,7 @@ class SpecDecoder:
             if k <= 0:
                 drafts[seq.seq_id] = []
                 self.lengths.update(seq.seq_id, 0, 0)
+                self.quiet[seq.seq_id] = self.quiet.get(seq.seq_id, 0) + 1
                 continue
             t0 = time.perf_counter()
             d = self.proposer.propose(seq, k, self._generator(seq))
@@ -181,6 +194,7 @@ class SpecDecoder:
             self.lengths.observe_proposer(len(d.tokens), spent)
             drafts[seq.seq_id] = d.tokens[:k]
             probs[seq.seq_id] = None if d.probs is None else d.probs[:k]
+            self.quiet[seq.seq_id] = 0 if d.tokens else self.quiet.get(seq.seq_id, 0) + 1
         width = max(len(d) for d in drafts.values())
         if width == 0:
             return None
@@ -234,6 +248,17 @@ class SpecDecoder:
             emitted[seq.seq_id] = toks
         return emitted
 
+    def ahead_ok(self, out) -> bool:
+        """Whether the plain step after `out` may be launched before `out`'s tokens are read
+        (QUIET_PLANS, AHEAD_RUN above): lookup drafts only (the other proposers always draft),
+        every sequence quiet, and the run of steps ahead not yet at its end. Counts it."""
+        if not isinstance(self.proposer, LookupProposer) or self.ahead_run >= AHEAD_RUN:
+            return False
+        if any(self.quiet.get(it.seq.seq_id, 0) < QUIET_PLANS for it in out.scheduled):
+            return False
+        self.ahead_run += 1
+        return True
+
     def observe_plain_step(self, seconds: float) -> None:
         """The engine ran a plain decode step (no draft): its time is the unit of cost."""
         self.lengths.observe(1, seconds)
@@ -242,4 +267,5 @@ class SpecDecoder:
         self.proposer.release(seq_id)
         self.lengths.release(seq_id)
         self.generators.pop(seq_id, None)
+        self.quiet.pop(seq_id, None)
         return self.stats.pop(seq_id, None)

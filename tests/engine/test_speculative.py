@@ -271,6 +271,36 @@ def test_lookup_and_self_is_lookup_where_it_matches_else_self(checkpoint):
         pytest.fail("the random prompt repeats its last tokens: pick another seed")
 
 
+def test_steps_go_ahead_only_while_lookup_finds_nothing(checkpoint):
+    """A batch may have its next plain step launched before its tokens are read once every
+    sequence's lookup found nothing QUIET_PLANS times in a row, for AHEAD_RUN steps at most
+    before drafts are looked for again; a sequence with a continuation keeps it waiting."""
+    from engine.runtime.scheduler import ScheduledSeq, SchedulerOutput
+    from engine.spec.decoder import AHEAD_RUN, QUIET_PLANS
+    from engine.spec.proposers import LookupProposer
+
+    engine = load_engine(checkpoint, speculate=SpecConfig("lookup"))
+    reqs = [engine.add_request(p, SamplingParams(max_tokens=36, ignore_eos=True))
+            for p in prompts()[:2]]  # fmt: skip
+    repetitive, plain = (r.seq for r in reqs)
+    spec = engine.spec
+    engine.step()  # prefill both (no plan: not a decode step)
+    assert not LookupProposer().propose(plain, 4).tokens, "pick another seed"
+    alone = SchedulerOutput([ScheduledSeq(plain, 1, True)], [])
+    for _ in range(QUIET_PLANS - 1):
+        assert spec.plan(alone) is None
+        assert not spec.ahead_ok(alone)
+    assert spec.plan(alone) is None
+    assert [spec.ahead_ok(alone) for _ in range(AHEAD_RUN + 1)] == [True] * AHEAD_RUN + [False]
+    assert spec.plan(alone) is None and spec.ahead_ok(alone)  # a plan starts a new run
+    while not LookupProposer().propose(repetitive, 4).tokens:  # until the model repeats itself
+        assert not reqs[0].done, "the model never repeated its context"
+        engine.step()
+    both = SchedulerOutput([ScheduledSeq(plain, 1, True), ScheduledSeq(repetitive, 1, True)], [])
+    assert spec.plan(both) is not None  # the repetitive one drafts
+    assert not spec.ahead_ok(both) and spec.quiet[repetitive.seq_id] == 0
+
+
 def test_verify_staging_matches_the_list_tables():
     """The verification graph's inputs written with numpy (engine.runtime.verify_graphs) are the
     lists the eager path builds: each field's first B * T rows, the lengths, and each
@@ -418,3 +448,23 @@ def test_greedy_speculation_on_the_gpu(checkpoint, mode):
     assert 0 < engine.runner.verify_rows.replays <= sum(s.steps for s in stats)
     if mode != "lookup":  # (its step graphs are dropped with each finished sequence)
         assert engine.spec.proposer.graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_lookup_speculation_on_the_gpu_launches_quiet_steps_ahead(checkpoint):
+    """With lookup drafts on and nothing to look up, plain steps are launched before the
+    previous one's tokens are read (as with speculation off); the tokens are the same."""
+    from engine import Engine
+    from engine.config import EngineConfig
+
+    g = torch.Generator().manual_seed(5)
+    batch = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (40, 57)]
+
+    def run(spec):
+        e = Engine.load(checkpoint, device="cuda", config=EngineConfig(speculate=spec))
+        return e, e.generate(batch, SamplingParams(max_tokens=40, ignore_eos=True))
+
+    _, plain = run(None)
+    engine, got = run(SpecConfig("lookup"))
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain]
+    assert engine.steps_launched_ahead > 0
