@@ -114,11 +114,16 @@ def test_cpu_bf16_tracks_fp32(checkpoint):
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
 
 
+@pytest.mark.parametrize("per_head", [False, True])  # K and V expanded / one head a call
 @pytest.mark.parametrize("q_len,kv_len", [(5, 5), (7, 40), (1, 9), (16, 16 * 9)])
-def test_lower_right_causal_matches_the_masked_reference(q_len, kv_len):
+def test_lower_right_causal_matches_the_masked_reference(q_len, kv_len, per_head, monkeypatch):
     import torch.nn.functional as F
 
+    from engine.layers import attention
     from engine.layers.attention import causal_mask, lower_right_causal
+
+    if per_head:
+        monkeypatch.setattr(attention, "EXPAND_KV_BYTES", 0)
 
     g = torch.Generator().manual_seed(q_len)
     q = torch.randn(1, 8, q_len, 16, generator=g)
