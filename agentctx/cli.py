@@ -371,6 +371,11 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except ImportError as e:  # another `kernels` package shadows the project's (engine/__init__)
+        if type(e).__name__ != "KernelsShadowedError":  # (importing engine.errors would fail)
+            raise
+        click.echo(error_line(str(e)), err=True)
+        sys.exit(1)
     except OSError as e:  # mostly: writing the output failed (a full disk, a size limit)
         _quiet_stdout()
         where = f": {e.filename}" if e.filename else ""

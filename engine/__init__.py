@@ -1,6 +1,16 @@
 """agentctx's embedded inference engine. Imports torch, transformers and safetensors only."""
 
-from engine.config import EngineConfig, ModelConfig
+import kernels as _kernels
+from engine.errors import KernelsShadowedError
+
+if not hasattr(_kernels, "HAS_TRITON"):  # another distribution's top-level `kernels`
+    raise KernelsShadowedError(
+        f"the `kernels` package at {getattr(_kernels, '__file__', None) or '?'} is not "
+        "agentctx's: Hugging Face's `kernels` distribution (which transformers 5.25 and later "
+        "require) takes its place; run `pip uninstall kernels` and install transformers<5.25"
+    )
+
+from engine.config import EngineConfig, ModelConfig  # noqa: E402
 from engine.errors import (
     ContextTooLongError,
     EngineError,

@@ -11,6 +11,10 @@ class ModelNotFoundError(EngineError):
     pass
 
 
+class KernelsShadowedError(ImportError):
+    """The `kernels` package found first on sys.path is another distribution's."""
+
+
 class ModelLoadError(EngineError):
     """A model file or directory exists but cannot be read (corrupt, truncated, bad config)."""
 

@@ -319,3 +319,16 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "agentctx", "models"], stderr=subprocess.PIPE,
                           text=True, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_another_kernels_package_first_on_the_path_is_one_line(small_repo, tmp_path):
+    """Hugging Face's `kernels` distribution (required by transformers >= 5.25) installs a
+    top-level `kernels` that takes the place of this project's: named, with the way out."""
+    shadow = tmp_path / "shadow" / "kernels"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('"""another distribution\'s kernels"""\n')
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    proc = subprocess.run([sys.executable, "-m", "agentctx", "ask", "what is this?"],
+                          cwd=small_repo, capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+    assert_one_line_error(proc, str(shadow), "pip uninstall kernels")
