@@ -6,6 +6,7 @@ so a killed TUI leaves the turn marked interrupted; a store that refuses the que
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 from agentctx.context_choice import ContextChoice
@@ -14,6 +15,27 @@ from agentctx.tui.errors import user_errors
 from agentctx.tui.outputs import Report, Silent, TurnOutput
 from agentctx.tui.screens import AnswerUpdate, LogMessage, TurnFinished
 from agentctx.tui.turn_writes import MainThreadRecord, fail_record, start_record
+
+
+def off_main_thread(fn) -> None:
+    """fn() on a thread of its own, waited for; its exception is raised here. On the CPU,
+    torch work on the main thread starts an OpenMP pool there that lasts as long as the app,
+    and the turns' worker threads then decode at about half speed (their pools sleep between
+    parallel regions beside it: 37 -> 21 tok/s with the default model); a pool started on a
+    thread that ends goes with it."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 (raised again on the caller's thread)
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="agentctx-off-main")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 class TurnRunner:
@@ -184,8 +206,10 @@ class TurnRunner:
             self._stream.cancel()  # safe from this thread
 
     def close_session(self) -> None:
-        """Save the engine session's KV as its stored session's snapshot, then unpin it."""
-        self.conversation.close(Report(self.app.chat.post_message))
+        """Save the engine session's KV as its stored session's snapshot, then unpin it (off
+        the main thread: off_main_thread says why)."""
+        output = Report(self.app.chat.post_message)
+        off_main_thread(lambda: self.conversation.close(output))
 
     def load_model(self, name: str) -> None:
         self.app.busy = True

@@ -315,6 +315,28 @@ async def test_closing_saves_the_kv_and_resuming_restores_it(
         assert msgs[-1].timings["cached_tokens"] >= msgs[2].timings["prompt_tokens"] // 16 * 16
 
 
+async def test_a_new_session_saves_the_last_ones_kv_off_the_main_thread(
+    engine, repo, store, monkeypatch, tmp_path
+):
+    """The snapshot is torch work: on the main thread it would start an OpenMP pool there
+    for the app's lifetime, and every later turn would decode at about half speed."""
+    import threading
+
+    monkeypatch.setenv("AGENTCTX_HOME", str(tmp_path / "home"))
+    app = make_app(engine, repo, store)
+    async with app.run_test(size=SIZE) as pilot:
+        await submit(pilot, "What does add do?")
+        await finish(pilot)
+        sid, close, seen = app.session.id, app.turns.conversation.close, []
+        monkeypatch.setattr(app.turns.conversation, "close",
+                            lambda output: (seen.append(threading.current_thread()),
+                                            close(output)))  # fmt: skip
+        app.new_session()
+        await pilot.pause()
+        assert seen and threading.main_thread() not in seen
+    assert (tmp_path / "home" / "kv" / f"{sid}.kv").is_file()
+
+
 async def test_meter_shows_tokens_on_the_gpu_and_on_the_host(repo, store):
     import re
 
