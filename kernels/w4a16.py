@@ -10,15 +10,16 @@ q[n, 2j + 1] in its high one (`pack_int4`); `scale`, `zero` [N, K // 32] in the 
 dtype. GGUF's Q4_0/Q4_1/Q4_K blocks map onto it exactly (engine.loading.gguf_quants), and
 any float weight through the least-squares fit of engine.loading.int4_groups.
 
-Two kernels, each program taking BLOCK_N output rows and a 1/SPLIT_K share of K, in fp32
-from the nibbles as they lie (low nibbles meet x's even entries, high ones its odd entries:
-no interleaving, no tensor cores): per group of 32 weights s * (q . x) + z * sum(x)
-(`_w4a16_kernel`), or each weight dequantized, times x, summed once a block
-(`_w4a16_flat_kernel`: no reshapes). Partial sums of the K shares go to an fp32 workspace,
-summed after. The kernel and its blocks per weight shape are timed once on a GPU
+The kernel: each program takes BLOCK_N output rows and a 1/SPLIT_K share of K, and per
+group of 32 weights computes s * (q . x) + z * sum(x) in fp32 from the nibbles as they lie
+(low nibbles meet x's even entries, high ones its odd entries: no interleaving, no tensor
+cores, two FMAs a weight for each of up to 16 rows of x); partial sums of the K shares go to
+an fp32 workspace, summed after. The blocks per weight shape are timed once on a GPU
 (_config), and then kept for every row count: a row sums alike in a 1-row step and in a
-verification's rows. More than 16 rows of x (a prefill chunk): the weight is dequantized once per call
-into a bf16 temporary and multiplied by F.linear (compute-bound there).
+verification's rows. (A variant dequantizing weight by weight, one reduction a block and no
+reshapes, lost to this one at every 8B shape on the H200.) More than 16 rows of x (a prefill
+chunk): the weight is dequantized once per call into a bf16 temporary and multiplied by
+F.linear (compute-bound there).
 """
 
 from __future__ import annotations
@@ -81,50 +82,6 @@ if HAS_TRITON:
             acc, mask=t_ok[:, None] & row_ok[None, :],
         )  # fmt: skip
 
-    @triton.jit
-    def _w4a16_flat_kernel(
-        X, PACKED, SCALE, ZERO, OUT, T, N, K, K_SHARE,
-        stride_x, stride_p, stride_s, stride_os, stride_ot,
-        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):  # fmt: skip
-        # the same product weight by weight: each nibble dequantized (q * s + z, its group's
-        # scale read at its own index, a broadcast within the group), times x, summed over
-        # the block once: no reshapes (layout changes), one reduction per block and row of x
-        pid_n = tl.program_id(0)
-        split = tl.program_id(1)
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        half = tl.arange(0, BLOCK_K // 2)
-        ts = tl.arange(0, BLOCK_T)
-        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        k_lo = split * K_SHARE
-        for k0 in range(k_lo, k_lo + K_SHARE, BLOCK_K):
-            b = tl.load(
-                PACKED + rows[:, None] * stride_p + (k0 // 2 + half)[None, :],
-                mask=row_ok[:, None], other=0,
-            ).to(tl.int32)  # fmt: skip
-            g = (k0 + 2 * half) // 32
-            s = tl.load(SCALE + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
-            z = tl.load(ZERO + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
-            w_lo = (b & 15).to(tl.float32) * s + z
-            w_hi = (b >> 4).to(tl.float32) * s + z
-            for t in tl.static_range(BLOCK_T):
-                xt = X + t * stride_x + k0 + 2 * half
-                t_ok = (half * 0 + t) < T
-                xe = tl.load(xt, mask=t_ok, other=0.0).to(tl.float32)
-                xo = tl.load(xt + 1, mask=t_ok, other=0.0).to(tl.float32)
-                part = tl.sum(w_lo * xe[None, :] + w_hi * xo[None, :], axis=1)  # [BLOCK_N]
-                acc = tl.where((ts == t)[:, None], acc + part[None, :], acc)
-        t_ok = ts < T
-        tl.store(
-            OUT + split * stride_os + ts[:, None] * stride_ot + rows[None, :],
-            acc, mask=t_ok[:, None] & row_ok[None, :],
-        )  # fmt: skip
-
-    _KERNELS = (_w4a16_kernel, _w4a16_flat_kernel)
-
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q uint8 [N, K] in 0..15 (K even) -> uint8 [N, K // 2], two weights a byte."""
@@ -153,10 +110,8 @@ def w4a16_reference(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     return (x.float() @ dequantize(packed, scale, zero).T).to(x.dtype)
 
 
-# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, kernel) per weight shape and device, chosen by
-# timing; kernel: 0 the per-group sums (_w4a16_kernel), 1 weight by weight (_w4a16_flat_kernel)
-_CHOSEN: dict[tuple, tuple[int, int, int, int, int]] = {}
-KERNELS = 2
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps) per weight shape and device, chosen by timing
+_CHOSEN: dict[tuple, tuple[int, int, int, int]] = {}
 
 
 def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
@@ -170,36 +125,34 @@ def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
     return split
 
 
-def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
-    """The configurations a GPU times for one weight shape (both kernels): the default
-    first."""
+def candidates(n: int, k: int) -> list[tuple[int, int, int, int]]:
+    """The configurations a GPU times for one weight shape: the default first."""
     out = []
-    for kernel in range(KERNELS):
-        for block_k in (128, 256):
-            if k % block_k:
-                continue
-            for block_n in (16, 32, 64):
-                split = _splits(n, k, block_n, block_k)
-                for s in (split // 2, split, split * 2):
-                    if s >= 1 and k % (block_k * s) == 0:
-                        for warps in (4, 8):
-                            out.append((block_n, block_k, s, warps, kernel))
-    return out or [(32, 32, 1, 4, 0)]
+    for block_k in (128, 256):
+        if k % block_k:
+            continue
+        for block_n in (16, 32, 64):
+            split = _splits(n, k, block_n, block_k)
+            for s in (split // 2, split, split * 2):
+                if s >= 1 and k % (block_k * s) == 0:
+                    for warps in (4, 8):
+                        out.append((block_n, block_k, s, warps))
+    return out or [(32, 32, 1, 4)]
 
 
-def chosen() -> dict[str, tuple[int, int, int, int, int]]:
+def chosen() -> dict[str, tuple[int, int, int, int]]:
     """The configuration timed for each weight shape so far ("NxK": (BLOCK_N, BLOCK_K,
-    SPLIT_K, num_warps, kernel)), for benchmark reports."""
+    SPLIT_K, num_warps)), for benchmark reports."""
     return {f"{n}x{k}": c for (n, k, _, _), c in _CHOSEN.items()}
 
 
 def launch(x, packed, scale, zero, config, T: int):
     """x [T, K] contiguous -> fp32 [T, N] by the given configuration (one of candidates())."""
-    block_n, block_k, split, warps, kernel = config
+    block_n, block_k, split, warps = config
     N, K = packed.shape[0], x.shape[1]
     out = torch.empty(split, T, N, device=x.device, dtype=torch.float32)
     block_t = 1 if T == 1 else triton.next_power_of_2(T)
-    _KERNELS[kernel][(triton.cdiv(N, block_n), split)](
+    _w4a16_kernel[(triton.cdiv(N, block_n), split)](
         x, packed, scale, zero, out, T, N, K, K // split,
         x.stride(0), packed.stride(0), scale.stride(0), out.stride(0), out.stride(1),
         BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
@@ -207,7 +160,7 @@ def launch(x, packed, scale, zero, config, T: int):
     return out[0] if split == 1 else out.sum(0)
 
 
-def _config(x, packed, scale, zero) -> tuple[int, int, int, int, int]:
+def _config(x, packed, scale, zero) -> tuple[int, int, int, int]:
     """The blocks for this weight: on a GPU the fastest of candidates for one row, timed
     once per shape (outside a CUDA graph's capture: the engine's warm-up step comes
     first); the same for every row count, so that a row sums alike in a 1-row step and in a

@@ -9,7 +9,6 @@ import torch
 
 from kernels import HAS_TRITON, INTERPRET
 from kernels.w4a16 import (
-    KERNELS,
     candidates,
     dequantize,
     launch,
@@ -58,18 +57,16 @@ def test_kernel_matches_the_reference(dtype, t, n, k):
 
 
 @needs_triton
-@pytest.mark.parametrize("kernel", range(KERNELS))
-def test_each_kernel_matches_the_reference_and_sums_a_row_alike_alone_or_with_others(kernel):
-    """Every configuration a GPU may choose of either kernel (split K included); a row's
-    result does not depend on the rows beside it (a 1-row decode step and a verification's
-    rows agree bit for bit)."""
+def test_split_k_matches_the_reference_and_a_row_sums_alike_alone_or_with_others():
+    """Configurations a GPU may choose (split K included); a row's result does not depend on
+    the rows beside it (a 1-row decode step and a verification's rows agree bit for bit)."""
     n, k = 40, 512
-    q, scale, zero = groups(n, k, seed=kernel)
+    q, scale, zero = groups(n, k, seed=7)
     packed, scale, zero = pack_int4(q).to(DEVICE), scale.to(DEVICE), zero.to(DEVICE)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     ref = w4a16_reference(x, packed, scale, zero)
-    mine = [c for c in candidates(n, k) if c[-1] == kernel]
-    assert mine and len({c[2] for c in mine}) > 1  # several K splits among them
+    mine = candidates(n, k)
+    assert len({c[2] for c in mine}) > 1  # several K splits among them
     for config in (mine[0], max(mine, key=lambda c: c[2])):
         rows = launch(x, packed, scale, zero, config, 5)
         torch.testing.assert_close(rows, ref, atol=1e-4, rtol=1e-4)
