@@ -79,3 +79,18 @@ def test_tokens_that_arrived_together_leave_as_one_piece():
 async def _read(stream, into: list) -> None:
     async for item in stream:
         into.append(item)
+
+
+@pytest.mark.parametrize(("value", "says"), [("abc", "not a number"), ("5", "outside")])
+def test_a_bad_switch_interval_is_one_line_before_the_model_loads(value, says, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AGENTCTX_SWITCH_INTERVAL_S": value}
+    proc = subprocess.run([sys.executable, "-m", "agentctx", "serve", "--port", "0",
+                           "--model", str(tmp_path / "absent.gguf")],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "AGENTCTX_SWITCH_INTERVAL_S" in lines[0] and says in lines[0]
