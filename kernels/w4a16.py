@@ -140,7 +140,7 @@ def candidates(n: int, k: int) -> list[tuple[int, int, int, int]]:
     return out or [(32, 32, 1, 4)]
 
 
-def chosen() -> dict[str, tuple[int, int, int, int]]:
+def timed_configs() -> dict[str, tuple[int, int, int, int]]:
     """The configuration timed for each weight shape so far ("NxK": (BLOCK_N, BLOCK_K,
     SPLIT_K, num_warps)), for benchmark reports."""
     return {f"{n}x{k}": c for (n, k, _, _), c in _CHOSEN.items()}
