@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
 # Without a GPU, Triton kernels run in the interpreter so tests can compare them with their
 # torch references. This must be set before triton is first imported.
@@ -21,6 +23,7 @@ def agentctx_home(tmp_path_factory):
     (agentctx.models.DEFAULT_MODEL)."""
     home = tmp_path_factory.mktemp("agentctx_home")
     (home / "config.json").write_text('{"default_model": "smollm2-135m"}\n')
+    _share_finished_conversions(home / "cache" / "gguf")
     old = os.environ.get("AGENTCTX_HOME")
     os.environ["AGENTCTX_HOME"] = str(home)
     yield home
@@ -28,6 +31,26 @@ def agentctx_home(tmp_path_factory):
         os.environ.pop("AGENTCTX_HOME", None)
     else:
         os.environ["AGENTCTX_HOME"] = old
+
+
+def _share_finished_conversions(private: Path) -> None:
+    """Link the user's finished model conversions into the private cache.
+
+    `make setup` (agentctx models install) has converted the default model into the user's
+    cache: 2.9 GB that the suite would otherwise write a second time, on a CI disk that may be
+    small. A conversion is keyed by its source file's path, size, mtime and bytes, so a linked
+    one is what the suite would have made; the suite's own conversions stay private."""
+    from agentctx.app_paths import cache_dir  # AGENTCTX_HOME is not the private one yet
+
+    shared = cache_dir() / "gguf"
+    private.mkdir(parents=True, exist_ok=True)
+    try:
+        entries = [e for e in shared.iterdir() if (e / "gguf_source.json").is_file()]
+    except OSError:
+        return  # no user cache yet
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            (private / entry.name).symlink_to(entry, target_is_directory=True)
 
 
 @pytest.fixture(scope="session")

@@ -81,10 +81,11 @@ def gguf_to_checkpoint(
         raise ModelLoadError(f"{src}: cannot read the file ({e.strerror or e})") from e
     stem = name or parts[0].stem
     final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', stem)[:60]}-{key[:16]}"
-    if (final / _DONE).is_file():
+    done = _finished(root, final, key)
+    if done is not None:
         with contextlib.suppress(OSError):  # in use: see _remove_dead_conversions
-            os.utime(final / _DONE)
-        return final
+            os.utime(done / _DONE)
+        return done
 
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -107,6 +108,25 @@ def gguf_to_checkpoint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op once published
     return final
+
+
+def _finished(root: Path, final: Path, key: str) -> Path | None:
+    """The finished conversion of these bytes: `final`, else one made under another name
+    (the same files reached as a catalogue model and as a path: one 2.9 GB copy, not two)."""
+    if (final / _DONE).is_file():
+        return final
+    try:
+        others = sorted(root.glob(f"*-{key[:16]}"))
+    except OSError:
+        return None
+    for entry in others:
+        try:
+            marker = json.loads((entry / _DONE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # being written, or not a conversion of ours
+        if isinstance(marker, dict) and marker.get("key") == key:
+            return entry
+    return None
 
 
 def _cache_key(parts: Sequence[Path]) -> str:

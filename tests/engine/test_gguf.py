@@ -368,6 +368,24 @@ def test_cache_reuses_and_never_trusts_an_unfinished_dir(tmp_path: Path, tiny_gg
     assert gguf_to_checkpoint(tiny_gguf, cache_root=root) != out
 
 
+def test_the_same_file_under_another_name_is_converted_once(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    """A model reached as a catalogue name and as its file's path is one copy in the cache
+    (the default model's is 2.9 GB), whichever name converted it first."""
+    root = tmp_path / "cache"
+    named = gguf_to_checkpoint(tiny_gguf, cache_root=root, name="catalogue-name")
+    assert named.name.startswith("catalogue-name-")
+    assert gguf_to_checkpoint(tiny_gguf, cache_root=root) == named
+    assert [p.name for p in root.iterdir()] == [named.name]
+
+    # An unfinished directory under another name is not taken for the conversion.
+    (named / "gguf_source.json").unlink()
+    plain = gguf_to_checkpoint(tiny_gguf, cache_root=root)
+    assert plain != named and plain.name.startswith("tiny-")
+    assert (plain / "gguf_source.json").is_file()
+
+
 def test_conversions_no_file_maps_to_are_removed(tmp_path: Path, tiny_gguf: Path) -> None:
     """A reinstall (the same model at a new path) or an edited model leaves its old
     conversion behind; the next conversion removes those (a gone source's copy once unused
