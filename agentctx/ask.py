@@ -76,9 +76,8 @@ def pack_for(engine, root, question, max_tokens, context_tokens, kind="repo") ->
     # same for every question, and a second question on the repository reuses its KV
     room = engine.max_model_len - reserve - len(engine.chat_tokens(empty[:1], tools=tools))
     map_budget = int(min(room, context_tokens or room) * MAP_SHARE)
-    return pack_repository(
-        root, question, engine.count_tokens, max(budget, 0), map_budget=max(map_budget, 0)
-    )
+    return pack_repository(root, question, engine.count_tokens, max(budget, 0),
+                           map_budget=max(map_budget, 0), cap_overview=not context_tokens)  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from agentctx.code_outline import outline_symbols
 from agentctx.context_choice import CHOICE, REASON_DROPPED
 from agentctx.excerpts import Excerpt, best_excerpts
-from agentctx.ranking import is_boilerplate, rank_paths
+from agentctx.ranking import is_boilerplate, is_overview, rank_paths
 from agentctx.ranking import relevance as _relevance
 from agentctx.repo_map import MapEntry, RepoMap, build_map
 from tools.errors import BinaryFileError, FileTooLargeError, RootError, ToolError
@@ -34,6 +34,12 @@ REASON_UNREADABLE = "unreadable"
 # The map's share of the budget when the caller gives it none; what it does not use goes
 # to the files.
 MAP_SHARE = 0.5
+# The budget of a question about the project as a whole ("What does this repository do?"):
+# the README, the design docs and a map of every file answer it, and more context only
+# distracts a small model. Qwen2.5-Coder-0.5B asked that question of this repository at two
+# of its commits answered "This repository does not do anything." with all 26K tokens that
+# fit its window, and correctly within 16K or 10K (and at a third commit, in all three).
+OVERVIEW_TOKENS = 16_384
 # Truncating a file to fewer lines than this shows too little to be worth the tokens.
 MIN_TRUNCATED_LINES = 20
 # Only files this high in the ranking get a truncated head when they do not fit whole, and
@@ -105,8 +111,11 @@ def pack_repository(
     budget_tokens: int,
     max_file_bytes: int = 200_000,
     map_budget: int | None = None,
+    cap_overview: bool = False,
 ) -> PackedContext:
-    """The map (within map_budget, default MAP_SHARE of the budget), then the files."""
+    """The map (within map_budget, default MAP_SHARE of the budget), then the files.
+    cap_overview: a question about the project as a whole (ranking's is_overview) gets at
+    most OVERVIEW_TOKENS."""
     base = resolve_root(root)
     texts, unread = _read_all(base, max_file_bytes)
     if not texts:
@@ -120,9 +129,14 @@ def pack_repository(
     ] + [MapEntry(path, None, size) for path, (_, size) in unread.items()]  # fmt: skip
     budget = max(budget_tokens, 0)
     limit = int(budget * MAP_SHARE) if map_budget is None else map_budget
+    project = _project_names(base, texts)
+    notes = []
+    if cap_overview and budget > OVERVIEW_TOKENS and is_overview(question, project):
+        budget, limit = OVERVIEW_TOKENS, min(limit, int(OVERVIEW_TOKENS * MAP_SHARE))
+        notes.append(f"a question about the whole project gets {budget:,} tokens "
+                     "(--context-tokens N gives it more)")  # fmt: skip
     repo_map = build_map(entries, max(min(limit, budget - 1), 0), count_tokens)
     names = {path: [s.name for s in found] for path, found in symbols.items()}
-    project = _project_names(base, texts)
     ranked = rank_paths(texts, question, names, project)
     choice = CHOICE.get()  # /add and /drop in the TUI
     dropped = [p for p in (choice.dropped if choice else []) if p in texts]
@@ -147,7 +161,7 @@ def pack_repository(
         for r in (chosen[rank] for rank in sorted(chosen))
     ]
     summary = MapSummary(repo_map.tokens, repo_map.files, repo_map.listed, repo_map.detail,
-                         repo_map.notes)  # fmt: skip
+                         [*repo_map.notes, *notes])  # fmt: skip
     omitted = _omitted(repo_map, ranked, chosen, full_tokens, unread)
     omitted += [OmittedFile(p, count_tokens(render_file(p, _split_lines(texts[p]))),
                             REASON_DROPPED, repo_map.shown.get(p, "")) for p in dropped]  # fmt: skip

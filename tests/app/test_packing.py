@@ -88,6 +88,30 @@ def test_an_overview_question_ranks_the_readme_then_docs_then_the_manifest(
     assert paths(pack(demo_repo, "What is demo for?"))[0] == "README.md"
 
 
+def test_an_overview_question_gets_the_overview_budget_and_a_map_of_every_file(
+    tmp_path: Path,
+) -> None:
+    from agentctx.packing import OVERVIEW_TOKENS
+
+    write(tmp_path, "README.md", "# Demo\n\nA demo project that frobnicates widgets.\n")
+    for i in range(40):  # ~40K words: more than the overview budget, less than the window's
+        write(tmp_path, f"src/part{i}.py", f"def part{i}():\n" + "    x = 1  # widget\n" * 250)
+    budget, question = 100_000, "What does this project do?"
+
+    capped = pack_repository(tmp_path, question, count_words, budget, cap_overview=True)
+    assert capped.budget == OVERVIEW_TOKENS and capped.tokens <= OVERVIEW_TOKENS
+    assert paths(capped)[0] == "README.md"
+    assert capped.map is not None and capped.map.listed == capped.map.files == 41
+    assert any(f"gets {OVERVIEW_TOKENS:,} tokens" in note for note in capped.map.notes)
+    # without the cap (the caller gave --context-tokens), and for a question about a part
+    uncapped = pack_repository(tmp_path, question, count_words, budget)
+    assert uncapped.budget == budget and uncapped.tokens > OVERVIEW_TOKENS
+    part = pack_repository(tmp_path, "What does part7 return?", count_words, budget,
+                           cap_overview=True)  # fmt: skip
+    assert part.budget == budget and paths(part)[0] == "src/part7.py"
+    assert not any("whole project" in note for note in part.map.notes)
+
+
 def test_relevance_ranks_across_kinds_with_no_docs_first(demo_repo: Path) -> None:
     order = paths(pack(demo_repo, "Where do we frobnicate the widgets?"))
     assert order[0] == "src/zeta.py"
