@@ -41,11 +41,12 @@ def _share_finished_conversions(private: Path) -> None:
     small. A conversion is keyed by its source file's path, size, mtime and bytes, so a linked
     one is what the suite would have made; the suite's own conversions stay private."""
     from agentctx.app_paths import cache_dir  # AGENTCTX_HOME is not the private one yet
+    from engine.loading.gguf_checkpoint import DONE_MARKER
 
     shared = cache_dir() / "gguf"
     private.mkdir(parents=True, exist_ok=True)
     try:
-        entries = [e for e in shared.iterdir() if (e / "gguf_source.json").is_file()]
+        entries = [e for e in shared.iterdir() if (e / DONE_MARKER).is_file()]
     except OSError:
         return  # no user cache yet
     for entry in entries:

@@ -49,7 +49,8 @@ from engine.loading.gguf_tokenizer import write_tokenizer
 from engine.loading.gguf_weights import read_weights
 
 _FORMAT_VERSION = 3  # part of the cache key: bump it when the converted output changes
-_DONE = "gguf_source.json"  # written last; a directory without it is not a finished conversion
+# written last: a directory without it is not a finished conversion
+DONE_MARKER = "gguf_source.json"
 _EDGE = 1 << 20  # bytes hashed from each end of the file for the cache key
 _UNUSED_S = 7 * 24 * 3600  # a conversion whose source is gone goes after a week unused
 _STALE_TMP_S = 24 * 3600  # temp dirs older than this are leftovers of a crashed conversion
@@ -84,7 +85,7 @@ def gguf_to_checkpoint(
     done = _finished(root, final, key)
     if done is not None:
         with contextlib.suppress(OSError):  # in use: see _remove_dead_conversions
-            os.utime(done / _DONE)
+            os.utime(done / DONE_MARKER)
         return done
 
     try:
@@ -98,7 +99,7 @@ def gguf_to_checkpoint(
         source = [str(p.resolve()) for p in parts]
         marker = {"source": source[0] if len(source) == 1 else source, "key": key}
         marker["format_version"] = _FORMAT_VERSION
-        write_json(tmp / _DONE, marker)
+        write_json(tmp / DONE_MARKER, marker)
         _publish(tmp, final)
         _remove_dead_conversions(root, final)
     except OSError as e:
@@ -113,7 +114,7 @@ def gguf_to_checkpoint(
 def _finished(root: Path, final: Path, key: str) -> Path | None:
     """The finished conversion of these bytes: `final`, else one made under another name
     (the same files reached as a catalogue model and as a path: one 2.9 GB copy, not two)."""
-    if (final / _DONE).is_file():
+    if (final / DONE_MARKER).is_file():
         return final
     try:
         others = sorted(root.glob(f"*-{key[:16]}"))
@@ -121,7 +122,7 @@ def _finished(root: Path, final: Path, key: str) -> Path | None:
         return None
     for entry in others:
         try:
-            marker = json.loads((entry / _DONE).read_text(encoding="utf-8"))
+            marker = json.loads((entry / DONE_MARKER).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # being written, or not a conversion of ours
         if isinstance(marker, dict) and marker.get("key") == key:
@@ -167,7 +168,7 @@ def _remove_dead_conversions(root: Path, keep: Path) -> None:
         if entry == keep or entry.name.startswith(".tmp-"):
             continue
         try:
-            marker_path = entry / _DONE
+            marker_path = entry / DONE_MARKER
             marker = json.loads(marker_path.read_text(encoding="utf-8"))
             source = as_parts(marker["source"])
             if all(p.is_file() for p in source):
@@ -181,12 +182,12 @@ def _remove_dead_conversions(root: Path, keep: Path) -> None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    if final.exists() and not (final / _DONE).is_file():
+    if final.exists() and not (final / DONE_MARKER).is_file():
         shutil.rmtree(final, ignore_errors=True)  # not ours to trust: no completion marker
     try:
         os.replace(tmp, final)  # atomic: readers see a complete directory or none
     except OSError:
-        if not (final / _DONE).is_file():
+        if not (final / DONE_MARKER).is_file():
             raise
         # another process finished the same conversion first; keep its copy
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -83,10 +86,6 @@ async def _read(stream, into: list) -> None:
 
 @pytest.mark.parametrize(("value", "says"), [("abc", "not a number"), ("5", "outside")])
 def test_a_bad_switch_interval_is_one_line_before_the_model_loads(value, says, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "AGENTCTX_SWITCH_INTERVAL_S": value}
     proc = subprocess.run([sys.executable, "-m", "agentctx", "serve", "--port", "0",
                            "--model", str(tmp_path / "absent.gguf")],
