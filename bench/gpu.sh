@@ -195,11 +195,6 @@ serve() {
        step serve_load 590 "$PY" -m bench.serve_load --model dummy:llama-3.1-8b \
         --device cuda --generate --clients 1 4 16 --prompt-tokens 512 --max-tokens 256 \
         --vocab 128000 --logs "$OUT" --json "$OUT/serve_h200.json" ;;
-    2) AGENTCTX_HOME=${AGENTCTX_HOME:-/tmp/agentctx-home} modules  # with Python's own switch interval
-       step serve_load_switch 590 "$PY" -m bench.serve_load --model dummy:llama-3.1-8b \
-        --device cuda --clients 16 --prompt-tokens 512 --max-tokens 256 --vocab 128000 \
-        --serve-variant AGENTCTX_SWITCH_INTERVAL_S=0.005 --logs "$OUT" \
-        --json "$OUT/serve_h200_switch.json" ;;
     *) return 1 ;;
     esac
 }

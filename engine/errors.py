@@ -30,10 +30,14 @@ class ContextTooLongError(EngineError):
     def __init__(self, num_tokens: int, window: int, what: str = "prompt", note: str | None = None):
         self.num_tokens = num_tokens
         self.window = window
+        self._args = (num_tokens, window, what, note)
         super().__init__(
             f"{what} is {num_tokens} tokens, longer than the model's window of {window} tokens"
             + (f" ({note})" if note else "")
         )
+
+    def __reduce__(self):  # (pickled with its own arguments: it crosses agentctx serve's pipe)
+        return type(self), self._args
 
 
 class CacheFullError(EngineError):

@@ -74,7 +74,7 @@ def create_app(runner: EngineRunner, model_name: str, api_key: str | None = None
                shutdown_timeout: float = SHUTDOWN_TIMEOUT_S) -> Starlette:  # fmt: skip
     """The app over a started runner whose engine has loaded; the runner is drained when the
     app shuts down (its lifespan)."""
-    engine = runner.loaded()
+    engine = runner.loaded()  # (its tokenizer and window: the weights are in its process)
     completions = Completions(runner, model_name)
     created = int(time.time())
 
@@ -94,15 +94,17 @@ def create_app(runner: EngineRunner, model_name: str, api_key: str | None = None
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(request: Request):
-        bm, sched = engine.block_manager, engine.scheduler
-        return JSONResponse({
-            "status": "ok" if runner.admitting else "shutting_down", "model": model_name,
-            "running": len(sched.running), "waiting": len(sched.waiting),
-            "requests": runner.active, "max_batch": runner.max_batch,
-            "steps": runner.steps, "steps_ahead": engine.steps_launched_ahead,
-            "step_seconds": round(runner.step_s, 6),
-            "kv_pages_total": bm.num_blocks, "kv_pages_free": bm.num_free_blocks,
-        })  # fmt: skip
+        # the engine's counters as of its last step (engine_process.EngineCore.counters)
+        counters = {"running": 0, "waiting": 0, "max_batch": 0, "steps": 0, "steps_ahead": 0,
+                    "step_seconds": 0.0, **runner.counters}  # fmt: skip
+        return JSONResponse(
+            {
+                "status": "ok" if runner.admitting else "shutting_down",
+                "model": model_name,
+                "requests": runner.active,
+                **counters,
+            }
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

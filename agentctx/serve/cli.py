@@ -8,7 +8,6 @@ import ipaddress
 import os
 import signal
 import socket
-import sys
 
 import click
 
@@ -49,7 +48,6 @@ def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, we
         body_limit = parse_size(max_body)
     except BudgetError as e:
         raise click.BadParameter(str(e), param_hint="--max-body") from None
-    interval = _switch_interval()
     config = engine_config(
         sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling
     )
@@ -62,18 +60,18 @@ def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, we
 
     name = run(lambda: resolve_model(model))
     from agentctx.serve.app import create_app
+    from agentctx.serve.engine_process import EngineSpec
     from agentctx.serve.runner import EngineRunner
-    from engine import Engine
 
-    # the engine loads on the thread that will step it (agentctx.serve.runner says why)
-    runner = EngineRunner(lambda: Engine.load(name, device=device, weights=weights, config=config))
+    # the engine runs in its own process (agentctx.serve.engine_process says why)
+    runner = EngineRunner(EngineSpec(name, device, weights, config))
     runner.start()
-    engine = run(runner.loaded)
+    facts = run(runner.loaded)
     app = create_app(runner, model or name, key, body_limit, shutdown_timeout)
     where = sock.getsockname()
     click.echo(f"agentctx serve: {model or name} on http://{_url_host(where[0])}:{where[1]}/v1 "
-               f"(window {engine.max_model_len:,} tokens)", err=True)  # fmt: skip
-    _run(app, sock, shutdown_timeout, interval)
+               f"(window {facts.max_model_len:,} tokens)", err=True)  # fmt: skip
+    _run(app, sock, shutdown_timeout)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -102,32 +100,10 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-# How long a thread holding the interpreter lock keeps it while another waits (Python's
-# default: 5 ms). The engine's thread waits for each step's tokens without the lock, then needs
-# it at once to launch the step after next; the event loop writing every client's chunk must
-# not hold it for a whole default interval then. AGENTCTX_SWITCH_INTERVAL_S overrides it
-# (bench.serve_load compares the two).
-SWITCH_INTERVAL_S = 0.0005
-
-
-def _switch_interval() -> float:
-    given = os.environ.get("AGENTCTX_SWITCH_INTERVAL_S", "")
-    try:
-        value = float(given) if given else SWITCH_INTERVAL_S
-    except ValueError:
-        raise UserError(
-            f"AGENTCTX_SWITCH_INTERVAL_S={given!r} is not a number of seconds"
-        ) from None
-    if not 1e-6 <= value <= 1.0:
-        raise UserError(f"AGENTCTX_SWITCH_INTERVAL_S={given!r} is outside 1e-6..1 seconds")
-    return value
-
-
-def _run(app, sock: socket.socket, shutdown_timeout: float, switch_interval: float) -> None:
+def _run(app, sock: socket.socket, shutdown_timeout: float) -> None:
     import uvicorn
 
     runner = app.state.runner
-    sys.setswitchinterval(switch_interval)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -143,3 +119,4 @@ def _run(app, sock: socket.socket, shutdown_timeout: float, switch_interval: flo
         Server(config).run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
+        runner.stop()  # (drained already, unless the server failed)

@@ -73,7 +73,7 @@ class Completions:
     """The two completion endpoints over one runner."""
 
     def __init__(self, runner: EngineRunner, model_name: str) -> None:
-        self.runner, self.engine, self.model = runner, runner.engine, model_name
+        self.runner, self.engine, self.model = runner, runner.loaded(), model_name
         self.window = self.engine.max_model_len
 
     async def chat(self, body) -> JSONResponse | EventStream:
@@ -160,7 +160,7 @@ class Completions:
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, list):
-            vocab = self.engine.model_config.vocab_size
+            vocab = self.engine.vocab_size
             if max(prompt) >= vocab:
                 raise ApiError(400, f"'prompt' has token id {max(prompt)}; the vocabulary has "
                                f"{vocab}", "prompt")  # fmt: skip

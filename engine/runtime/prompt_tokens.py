@@ -10,8 +10,9 @@ from engine.runtime.chat_ids import chat_template_ids
 
 
 class PromptTokens:
-    def __init__(self, tokenizer, max_model_len: int, name: str = "") -> None:
+    def __init__(self, tokenizer, max_model_len: int, name: str = "", vocab_size: int = 0) -> None:
         self.tokenizer, self.max_model_len, self.name = tokenizer, max_model_len, name
+        self.vocab_size = vocab_size  # (0: not known)
 
     @classmethod
     def load(cls, model: str | None, config: EngineConfig | None = None) -> PromptTokens:
@@ -24,8 +25,10 @@ class PromptTokens:
         tokenizer = load_tokenizer(source)
         if tokenizer is None:
             raise ModelLoadError(f"{source.name} has no tokenizer: nothing to count prompts with")
-        window = engine_model_config(source, config).context_window
-        return cls(tokenizer, min(config.max_model_len or window, window), source.name)
+        model_config = engine_model_config(source, config)
+        window = model_config.context_window
+        return cls(tokenizer, min(config.max_model_len or window, window), source.name,
+                   model_config.vocab_size)  # fmt: skip
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -1,37 +1,34 @@
-"""The serve runner's thread and its hand-over of events: the engine loads on the thread
-that steps it (a real engine of random weights), a load's error reaches the caller, and the
-tokens that arrived together leave as one piece."""
+"""The serve runner and the engine's own process (a real engine of random weights): the
+process's greedy tokens are the engine's, an engine error reaches its request's caller and a
+load's error the runner's, a dead process ends its requests with an error, and the tokens
+that arrived together leave as one piece."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import threading
 
 import pytest
 
 from agentctx.serve.completions import pieces
+from agentctx.serve.engine_process import EngineSpec
+from agentctx.serve.openai_schema import ApiError
 from agentctx.serve.runner import EngineRunner, RequestHandle
-from engine import Engine, EngineError, SamplingParams, StreamEvent
+from engine import ContextTooLongError, Engine, EngineError, SamplingParams, StreamEvent
 from engine.runtime.requests import GenerationStats
 from tests.reliability.tiny_chat_model import TINY
 
 
-def test_the_engine_loads_and_steps_on_the_runners_thread(tmp_path):
+def test_the_engine_steps_in_its_own_process_and_gives_its_greedy_tokens(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    seen = []
-
-    def load():
-        seen.append(threading.current_thread())
-        return Engine.load(f"dummy:{tmp_path}", device="cpu")
-
-    runner = EngineRunner(load)
+    model = f"dummy:{tmp_path}"
+    runner = EngineRunner(EngineSpec(model, device="cpu"))
     runner.start()
-    engine = runner.loaded()
-    assert seen == [runner._thread] and seen[0] is not threading.main_thread()
+    facts = runner.loaded()
+    engine = Engine.load(model, device="cpu")
+    assert (facts.max_model_len, facts.vocab_size) == (
+        engine.max_model_len, engine.model_config.vocab_size)  # fmt: skip
+    assert runner.counters["kv_pages_free"] == runner.counters["kv_pages_total"] > 0
 
     async def one():
         handle = await runner.submit([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -41,26 +38,61 @@ def test_the_engine_loads_and_steps_on_the_runners_thread(tmp_path):
         return ids
 
     ids = asyncio.run(one())
-    assert len(ids) == 4 and runner.steps >= 4 and runner.step_s > 0
+    assert len(ids) == 4 and runner.counters["steps"] >= 4 and runner.active == 0
+    assert runner._process.poll() == 0  # (drained: told to stop, and it exited)
     assert (
         engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
         == ids
-    )  # (the thread's tokens are the engine's greedy ones)
+    )  # (the process's tokens are the engine's greedy ones)
 
 
-def test_a_load_error_is_raised_to_the_caller():
-    def load():
-        raise EngineError("no such model: nowhere")
-
-    runner = EngineRunner(load)
+def test_an_engine_error_for_one_request_reaches_its_caller_and_the_next_one_runs(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    runner = EngineRunner(EngineSpec(f"dummy:{tmp_path}", device="cpu"))
     runner.start()
-    with pytest.raises(EngineError, match="nowhere"):
+    window = runner.loaded().max_model_len
+
+    async def two():
+        with pytest.raises(ContextTooLongError, match="longer than the model's window"):
+            await runner.submit([5] * (window + 3), SamplingParams(max_tokens=2))
+        handle = await runner.submit([5, 6], SamplingParams(max_tokens=2, ignore_eos=True))
+        got = [e for events in [e async for e in handle.events()] for e in events]
+        await runner.drain(5)
+        return got
+
+    got = asyncio.run(two())
+    assert got[-1].kind == "done" and got[-1].finish_reason == "length"
+
+
+def test_a_load_error_is_raised_to_the_caller(tmp_path):
+    runner = EngineRunner(EngineSpec(str(tmp_path / "absent.gguf"), device="cpu"))
+    runner.start()
+    with pytest.raises(EngineError, match="absent.gguf"):
         runner.loaded()
+    assert runner._process.wait(30) == 0  # (it said why, then ended)
+
+
+def test_requests_end_with_an_error_when_the_engines_process_dies(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    runner = EngineRunner(EngineSpec(f"dummy:{tmp_path}", device="cpu"))
+    runner.start()
+    runner.loaded()
+
+    async def killed():
+        handle = await runner.submit([5, 6], SamplingParams(max_tokens=100_000, ignore_eos=True))
+        runner._process.kill()
+        got = [e for events in [e async for e in handle.events()] for e in events]
+        with pytest.raises(ApiError, match="the engine has stopped"):
+            await runner.submit([5, 6], SamplingParams(max_tokens=2))
+        return got
+
+    got = asyncio.run(asyncio.wait_for(killed(), 60))
+    assert got[-1].kind == "done" and "exited" in got[-1].finish_reason
 
 
 def test_tokens_that_arrived_together_leave_as_one_piece():
     async def collect():
-        handle = RequestHandle(request=None, queue=asyncio.Queue(), loop=asyncio.get_running_loop())
+        handle = RequestHandle(1, asyncio.Queue(), asyncio.get_running_loop())
         for i, text in enumerate(["He", "llo", " there"]):
             handle.queue.put_nowait(StreamEvent("token", text=text, token_ids=[10 + i]))
         got = []
@@ -82,14 +114,3 @@ def test_tokens_that_arrived_together_leave_as_one_piece():
 async def _read(stream, into: list) -> None:
     async for item in stream:
         into.append(item)
-
-
-@pytest.mark.parametrize(("value", "says"), [("abc", "not a number"), ("5", "outside")])
-def test_a_bad_switch_interval_is_one_line_before_the_model_loads(value, says, tmp_path):
-    env = {**os.environ, "AGENTCTX_SWITCH_INTERVAL_S": value}
-    proc = subprocess.run([sys.executable, "-m", "agentctx", "serve", "--port", "0",
-                           "--model", str(tmp_path / "absent.gguf")],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "AGENTCTX_SWITCH_INTERVAL_S" in lines[0] and says in lines[0]
