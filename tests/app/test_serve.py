@@ -1,5 +1,5 @@
 """`agentctx serve` over real HTTP on 127.0.0.1: a real server process (uvicorn, the engine
-stepping in its thread) and the official `openai` client, over a tiny random-weights model
+stepping in a process of its own) and the official `openai` client, over a tiny random-weights model
 with SmolLM2's tokenizer, and over a scripted-weights model for tool calls
 (tests/app/serve_support.py). One slow test streams from the real default model."""
 
@@ -230,6 +230,32 @@ def test_sigterm_finishes_short_requests_cancels_long_ones_and_exits_0(server):
     assert "data: [DONE]" not in long and len(long) > 4  # it had streamed, then was cut
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/health")
+
+
+def engine_children(pid: int) -> list[int]:
+    """The server's engine process (agentctx.serve.engine_process), by its command line."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"agentctx.serve.engine_process" in cmdline:
+            out.append(int(child))
+    return out
+
+
+def test_the_engines_process_ends_when_the_server_is_killed(default_checkpoint, tmp_path):
+    model = tiny_chat_model(tmp_path / "tiny", Path(default_checkpoint[0]))
+    srv = ServerProcess(model)
+    try:
+        [engine] = engine_children(srv.proc.pid)
+        srv.proc.kill()  # (no drain, no "stop": the engine sees its pipe close)
+        srv.proc.wait(30)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{engine}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = Path(f"/proc/{engine}/status")
+        assert not status.exists() or "zombie" in status.read_text()
+    finally:
+        srv.stop()
 
 
 # -- tools ---------------------------------------------------------------------------------
