@@ -51,10 +51,12 @@ def portable(error: BaseException) -> BaseException:
 def main(commands, messages) -> None:
     """The process's body: `commands` and `messages` are its ends of the two pipes; the
     first command is the EngineSpec."""
-    # the HTTP process decides when to stop: a terminal's Ctrl-C reaches this process too,
-    # and that one drains its requests, then sends "stop" (SIGTERM keeps its default: it is
-    # how multiprocessing ends a process left behind)
+    # the HTTP process decides when to stop: a terminal's Ctrl-C, or a SIGTERM sent to the
+    # whole group (systemd's default), reaches this process too, and the HTTP process drains
+    # its requests, then sends "stop" (it kills this one if that takes too long); if the HTTP
+    # process dies, the closed pipe ends this one
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from engine import Engine
     from engine.runtime.prompt_tokens import PromptTokens
 

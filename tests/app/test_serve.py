@@ -6,6 +6,7 @@ with SmolLM2's tokenizer, and over a scripted-weights model for tool calls
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -242,11 +243,16 @@ def engine_children(pid: int) -> list[int]:
     return out
 
 
-def test_the_engines_process_ends_when_the_server_is_killed(default_checkpoint, tmp_path):
+def test_the_engines_process_outlives_a_sigterm_but_not_the_server(default_checkpoint, tmp_path):
     model = tiny_chat_model(tmp_path / "tiny", Path(default_checkpoint[0]))
     srv = ServerProcess(model)
     try:
         [engine] = engine_children(srv.proc.pid)
+        # a SIGTERM to the whole group reaches the engine too: the server decides when it ends
+        os.kill(engine, signal.SIGTERM)
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 4}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         srv.proc.kill()  # (no drain, no "stop": the engine sees its pipe close)
         srv.proc.wait(30)
         deadline = time.monotonic() + 30
