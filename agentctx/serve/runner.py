@@ -114,6 +114,9 @@ class EngineRunner:
         loop = asyncio.get_running_loop()
         handle = RequestHandle(next(self._ids), asyncio.Queue(), loop, loop.create_future())
         self._handles[handle.rid] = handle
+        if self._gone is not None:  # (it went between the check and the handle's entry)
+            self._handles.pop(handle.rid, None)
+            raise ApiError(503, f"the engine has stopped: {self._gone}", kind="server_error")
         self._outbox.put(("add", handle.rid, prompt, params))
         return await handle.admitted
 
