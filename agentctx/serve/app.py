@@ -95,16 +95,9 @@ def create_app(runner: EngineRunner, model_name: str, api_key: str | None = None
 
     async def health(request: Request):
         # the engine's counters as of its last step (engine_process.EngineCore.counters)
-        counters = {"running": 0, "waiting": 0, "max_batch": 0, "steps": 0, "steps_ahead": 0,
-                    "step_seconds": 0.0, **runner.counters}  # fmt: skip
-        return JSONResponse(
-            {
-                "status": "ok" if runner.admitting else "shutting_down",
-                "model": model_name,
-                "requests": runner.active,
-                **counters,
-            }
-        )
+        return JSONResponse({"status": "ok" if runner.admitting else "shutting_down",
+                             "model": model_name, "requests": runner.active,
+                             **runner.counters})  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

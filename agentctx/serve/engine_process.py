@@ -14,7 +14,7 @@ torch's OpenMP pool belongs to the thread that started it, and a second thread's
 beside it makes both sleep between parallel regions (decode at half speed).
 
 Commands, from the HTTP process: ("add", rid, prompt ids, SamplingParams), ("cancel", rid),
-("stop",). Messages back: ("loaded", PromptTokens) or ("failed", error) once, then
+("stop",). Messages back: ("loaded", (PromptTokens, counters)) or ("failed", error) once, then
 ("step", added rids, [(rid, error)], [(rid, [events])], counters) whenever something
 changed. The process ends at "stop" or when the HTTP process's end of the pipe closes."""
 
@@ -69,9 +69,10 @@ def main(commands, messages) -> None:
         return
     facts = PromptTokens(engine.tokenizer, engine.max_model_len, engine.name,
                          engine.model_config.vocab_size)  # fmt: skip
-    messages.send(("loaded", facts))
+    core = EngineCore(engine, commands, messages)
+    messages.send(("loaded", (facts, core.counters())))  # (the cache's size, before any step)
     with contextlib.suppress(EOFError, OSError):  # the HTTP process has gone: so does this one
-        EngineCore(engine, commands, messages).run()
+        core.run()
 
 
 class EngineCore:
@@ -88,7 +89,6 @@ class EngineCore:
 
     def run(self) -> None:
         engine = self.engine
-        self.messages.send(("step", [], [], [], self.counters()))  # (the cache's size, at once)
         while True:
             # idle: wait for a command (an EOF wakes it too); busy: take what has come
             if not self._take(block=not engine.has_unfinished()):

@@ -163,19 +163,15 @@ class EngineRunner:
         try:
             kind, value = self._messages.recv()
         except (EOFError, OSError):
-            kind, value = (
-                "failed",
-                EngineError(
-                    f"the engine's process exited while loading (exit code {self._exit_code()})"
-                ),
-            )
+            code = self._exit_code()
+            kind, value = "failed", EngineError(f"the engine's process exited while loading "
+                                                f"(exit code {code})")  # fmt: skip
         if kind == "failed":
             self._load_error = value
-        else:
-            self.facts = value
-        self._loaded.set()
-        if kind == "failed":
+            self._loaded.set()
             return
+        self.facts, self.counters = value
+        self._loaded.set()
         while True:
             try:
                 message = self._messages.recv()
