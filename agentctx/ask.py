@@ -132,7 +132,8 @@ def run_turn(
     if fmt:
         convo = with_tool_prompt(convo, kind, fmt)
     retried = False  # a step that had to be the answer but only called tools, asked again
-    for step_no in range(max_steps + 2):
+    reprompted = False  # an empty answer after tool results, asked again
+    for step_no in range(max_steps + 3):
         ids = engine.chat_tokens(convo, tools=tools)
         if step_no and len(ids) + params.max_tokens > engine.max_model_len:  # tool results
             _, convo = compact_to_fit(
@@ -188,6 +189,14 @@ def run_turn(
             if record is not None:
                 record.step(step)
             continue
+        empty = not content.strip() and not calls and reason not in ("cancelled", "length")
+        if empty and steps and question and not reprompted:
+            # once: an empty answer after tool results (the model ended its turn at once)
+            # is asked for again in words
+            reprompted = True
+            convo += [{"role": "assistant", "content": ""},
+                      {"role": "user", "content": ANSWER_NOW.format(question=question)}]  # fmt: skip
+            continue
         if reason == "cancelled" or not calls or must_answer:
             if calls and reason != "cancelled":
                 reason = "step_limit"
@@ -221,7 +230,7 @@ def run_turn(
             convo.append({"role": "user", "content": step.after})
         if record is not None:
             record.step(step)
-    raise AssertionError("unreachable")  # the loop returns by step max_steps + 1
+    raise AssertionError("unreachable")  # the loop returns by step max_steps + 2
 
 
 def turn_tools(engine, root, kind: str, max_steps: int):

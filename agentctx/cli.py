@@ -99,6 +99,12 @@ def cli(ctx: click.Context) -> None:
     help="List every file packed in full, truncated, in the map only, or left out (stderr).",
 )
 @click.option(
+    "--no-references",
+    is_flag=True,
+    help="Do not list, after the answer, where the definitions it names are and what the "
+    "lines it cites hold.",
+)
+@click.option(
     "--max-steps",
     type=click.IntRange(0),
     help="Most tool-calling steps in one turn, for models whose template takes tools (0: none; "
@@ -130,7 +136,7 @@ def cli(ctx: click.Context) -> None:
 @kv_options
 @interrupts.terminating_as_interrupt()
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, show_packing, max_steps, device, weights, backend, api_key_env, dry_run,
+        context_tokens, show_packing, no_references, max_steps, device, weights, backend, api_key_env, dry_run,
         sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate,
         rope_scaling) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
@@ -200,7 +206,8 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         # (torch: after what can fail at once)
         params, max_steps = resolve(config_settings(), stored(session), given)
         turn = Turn(question, root, kind, session=session, name=session_ref, model=model,
-                    params=params, max_steps=max_steps)  # fmt: skip
+                    params=params, max_steps=max_steps,
+                    references=not no_references)  # fmt: skip
         history = history_messages(store, session.id) if session is not None else None
         convo.pack(turn, history, output, context_tokens, show_packing or dry_run)
         if dry_run:

@@ -36,6 +36,7 @@ class Turn:
     result: TurnResult | None = None  # the answer, its tool steps and usage
     status: str = "interrupted"  # how it is stored: "complete" once it ended whole
     compaction: Compaction = field(default_factory=Compaction)  # what its prompt leaves out
+    references: bool = True  # show the answer's references (agentctx.references)
 
     @property
     def usage(self) -> dict | None:
@@ -139,7 +140,24 @@ class Conversation:
             raise
         if turn.compaction:
             turn.result.usage[KEY] = turn.compaction.data()
+        if turn.references:
+            self._references(turn, output)
         return turn.result
+
+    @staticmethod
+    def _references(turn: Turn, output) -> None:
+        """The answer's references, checked against the files: shown after it, and kept
+        with its usage (stored with the turn, and --json's usage record)."""
+        from agentctx.references import for_answer
+
+        if turn.result.finish_reason in ("cancelled", "interrupted"):
+            return
+        refs = for_answer(turn.result.answer, turn.root, turn.kind)
+        if refs:
+            turn.result.usage["references"] = [r.data() for r in refs]
+            show = getattr(output, "references", None)
+            if show is not None:
+                show(refs)
 
     def save(self, store, turn: Turn) -> Session:
         """Store the whole turn (turn.status); a new session's KV is now that session's."""

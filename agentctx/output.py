@@ -79,6 +79,16 @@ class TextOutput:
     def tool_result(self, call) -> None:
         self.info(f"   {result_summary(call)}")
 
+    def references(self, refs) -> None:
+        """The answer's references (agentctx.references), after it on stdout."""
+        from agentctx.references import render
+
+        if self.open_line:
+            self.out.write("\n")
+        self.out.write("\n" + render(refs) + "\n")
+        self.out.flush()
+        self.open_line, self.ended_line = False, True
+
     def end(self, usage: dict) -> None:
         if not self.answered:  # an empty stdout would read as a hang or a crash
             calls = usage.get("tool_calls")
@@ -199,6 +209,9 @@ class JsonOutput:
         record = {"type": "tool_result", "name": call.name}
         record.update({"error": call.error} if call.error is not None else {"result": call.result})
         self._emit(record)
+
+    def references(self, refs) -> None:
+        self._emit({"type": "references", "references": [r.data() for r in refs]})
 
     def end(self, usage: dict) -> None:
         self._emit({"type": "usage", **usage})

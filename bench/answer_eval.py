@@ -97,17 +97,14 @@ def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps
         if es is not None:
             es.close()
     wall = time.perf_counter() - start
-    expected = [Expected(a.file, a.symbol) for a in q.answers]
-    graded = grade(result.answer, expected, index, q.facts)
     calls = [
         {"name": c.name, "arguments": c.arguments, "ok": c.error is None, "error": c.error}
         for step in result.steps
         for c in step.calls
     ]
+    record.update(answer=result.answer, finish_reason=result.finish_reason)
+    grade_record(record, q, index, root)
     record.update(
-        answer=result.answer,
-        finish_reason=result.finish_reason,
-        grade=graded.to_dict(),
         tool_calls=calls,
         usage=result.usage,
         packing=out.info_lines[0] if out.info_lines else "",
@@ -115,6 +112,25 @@ def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps
         wall_s=round(wall, 2),
     )
     return record
+
+
+def grade_record(record: dict, q, index: RepoIndex, root: str, regrading: bool = False) -> None:
+    """Grade the record's answer twice: as the model wrote it ("grade"), and as `ask` shows
+    it, with the references it lists under the answer (agentctx.references: names and
+    citations resolved from the files; "grade_with_references"). Citations are counted from
+    the model's text only: the references' own are right by construction. A record stored
+    without its references (an older run) gets this checkout's, and says so."""
+    from agentctx.references import for_answer, render
+
+    if "references" not in record:
+        record["references"] = render(for_answer(record["answer"], root))
+        if regrading:
+            record["references_at_regrade"] = True
+    expected = [Expected(a.file, a.symbol) for a in q.answers]
+    text = grade(record["answer"], expected, index, q.facts)
+    shown = grade(f"{record['answer']}\n\n{record['references']}", expected, index, q.facts)
+    shown.citations = text.citations
+    record["grade"], record["grade_with_references"] = text.to_dict(), shown.to_dict()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -340,8 +356,7 @@ def regrade(runs: list[dict], qs, roots: dict[str, Path]) -> list[dict]:
             if q is None:
                 raise QuestionSetError(f"--regrade: question {r['id']} is not in the set")
             if "answer" in r:
-                expected = [Expected(a.file, a.symbol) for a in q.answers]
-                r["grade"] = grade(r["answer"], expected, indexes[q.repo], q.facts).to_dict()
+                grade_record(r, q, indexes[q.repo], str(roots[q.repo]), regrading=True)
         run["summary"] = summarize(run["records"])
     return runs
 

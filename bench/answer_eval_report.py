@@ -20,6 +20,10 @@ def summarize(records: list[dict]) -> dict:
         "questions": n,
         "errors": n - len(graded),
         "correct": sum(r["grade"]["correct"] for r in graded),
+        # as `ask` shows the answer: the model's text and the references under it
+        "correct_with_references": sum(_shown(r)["correct"] for r in graded),
+        "file_named_with_references": sum(_shown(r)["file_ok"] for r in graded),
+        "symbol_named_with_references": sum(_shown(r)["symbol_ok"] for r in graded),
         "file_named": sum(r["grade"]["file_ok"] for r in graded),
         "symbol_named": sum(r["grade"]["symbol_ok"] for r in graded),
         "citations": len(cites),
@@ -37,23 +41,30 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
+def _shown(record: dict) -> dict:
+    return record.get("grade_with_references", record["grade"])
+
+
 def _pct(part: int, whole: int) -> str:
     return f"{part}/{whole} ({part / whole:.0%})" if whole else "0/0"
 
 
 def markdown(runs: list[dict], meta: dict) -> str:
     lines = [
-        "| model | weights | correct | file named | symbol named | citations resolve "
+        "| model | weights | correct, as shown (with references) | correct, the model's text "
+        "| file named (text / shown) | symbol named (text / shown) | citations resolve "
         "| tool calls ok/made (questions using tools) | expected file packed in full "
         "| TTFT mean (s) | decode tok/s (median) | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         s = run["summary"]
         n = s["questions"]
         lines.append(
-            f"| {run['model']} | {run['weights_mode']} | {_pct(s['correct'], n)} "
-            f"| {_pct(s['file_named'], n)} | {_pct(s['symbol_named'], n)} "
+            f"| {run['model']} | {run['weights_mode']} "
+            f"| {_pct(s['correct_with_references'], n)} | {_pct(s['correct'], n)} "
+            f"| {s['file_named']} / {s['file_named_with_references']} "
+            f"| {s['symbol_named']} / {s['symbol_named_with_references']} "
             f"| {_pct(s['citations_resolved'], s['citations'])}"
             f" ({s['citations_unchecked']} unchecked) "
             f"| {s['tool_calls_ok']}/{s['tool_calls']} ({s['questions_with_tools']}) "
@@ -63,8 +74,8 @@ def markdown(runs: list[dict], meta: dict) -> str:
     for run in runs:
         lines += ["", f"{run['model']} ({run['weights_mode']}), per question:", ""]
         lines += [
-            "| question | correct | file | symbol | fact | citations ok | tools ok/made "
-            "| expected file | prompt tokens (reused) | TTFT (s) | answer |",
+            "| question | correct (shown / text) | file | symbol | fact | citations ok "
+            "| tools ok/made | expected file | prompt tokens (reused) | TTFT (s) | answer |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in run["records"]:
@@ -84,7 +95,8 @@ def _question_row(r: dict) -> str:
     cites = sum(c["resolved"] for c in g["citations"])
     ok = sum(c["ok"] for c in r["tool_calls"])
     return (
-        f"| {r['id']} | {yes(g['correct'])} | {yes(g['file_ok'])} | {yes(g['symbol_ok'])} "
+        f"| {r['id']} | {yes(_shown(r)['correct'])} / {yes(g['correct'])} "
+        f"| {yes(g['file_ok'])} | {yes(g['symbol_ok'])} "
         f"| {yes(g['fact_ok'])} | {cites}/{len(g['citations'])} | {ok}/{len(r['tool_calls'])} "
         f"| {'/'.join(r['expected_file'])} | {u.get('prompt_tokens')} ({u.get('cached_tokens')}) "
         f"| {u.get('ttft_s')} | {_cell(r['answer'])} |"

@@ -53,6 +53,11 @@ class TurnOutput:
             self.post(self._update(time.perf_counter()))
         self.post(PhaseUpdate(f"tool {call.name}"))
 
+    def references(self, refs) -> None:
+        from agentctx.references import render
+
+        self.post(LogMessage(render(refs)))
+
     def tool_result(self, call) -> None:
         self.post(ToolCalled(call.label(), call.output, call.error is not None))
         self.text_so_far, self.start = "", time.perf_counter()

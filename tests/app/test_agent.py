@@ -359,6 +359,23 @@ def test_a_step_that_must_answer_but_calls_is_asked_once_more(tokenizer_path, re
     assert result.usage["tool_calls"] == 3 and result.usage["tool_calls_succeeded"] == 1
 
 
+def test_an_empty_answer_after_tool_results_is_asked_for_once_more(tokenizer_path, repo):
+    """The 1.5B read a file and then ended its turn with no text: the question is asked
+    again in words, once; a second empty answer is the turn's answer."""
+    engine = scripted(tokenizer_path, [call("read_file", path="calc.py"), "", "add returns a + b."])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    assert result.answer == "add returns a + b." and result.finish_reason == "stop"
+    asked = "Answer the question from the tool results above, in words, without calling a tool."
+    assert engine.prompt_text(2).count(asked) == 1 and engine.prompt_text(1).count(asked) == 0
+    assert len(result.steps) == 1  # the empty reply is no step of its own
+    engine = scripted(tokenizer_path, [call("read_file", path="calc.py"), "", "", "late"])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo))
+    assert result.answer == "" and len(engine.prompts) == 3
+    engine = scripted(tokenizer_path, [""])  # no tool results: nothing to answer from
+    assert run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(repo)).answer == ""
+    assert len(engine.prompts) == 1
+
+
 def test_a_citation_as_a_path_and_a_repeated_call(tokenizer_path, repo):
     """read_file takes a path:line a model copied from grep; a call made again does not run
     again: the model is told to use the result it has."""

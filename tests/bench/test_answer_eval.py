@@ -150,8 +150,12 @@ def test_summary_and_tables_count_what_the_records_hold():
     assert s["wall_s"] == 7.0
     run = {"model": "m", "weights_mode": "dense", "summary": s, "records": records,
            "repo_tokens": {"json": 11408}}  # fmt: skip
-    table = markdown([run], {"command": "python -m bench.answer_eval"})
-    assert "| m | dense | 1/3 (33%) |" in table
+    assert s["correct_with_references"] == 1  # no references graded: as the text
+    records[1]["grade_with_references"] = {**records[1]["grade"], "correct": True}
+    s = summarize(records)
+    assert (s["correct"], s["correct_with_references"]) == (1, 2)
+    table = markdown([run | {"summary": s}], {"command": "python -m bench.answer_eval"})
+    assert "| m | dense | 2/3 (67%) | 1/3 (33%) |" in table
     assert "a \\| b" in table and "EngineError: boom" in table
     assert "m's tokens: json 11,408." in table
 
@@ -181,15 +185,32 @@ def test_regrade_grades_stored_answers_again(tmp_path):
             {"id": "json-03", "repo": "json", "question": "?", "tool_calls": [],
              "answer": "JSONDecodeError, in json/__init__.py", "expected_file": ["full"],
              "usage": {}, "wall_s": 1.0, "grade": {"correct": True}},
+            {"id": "json-04", "repo": "json", "question": "?", "tool_calls": [],
+             "answer": "It is `py_scanstring`, at json/scanner.py:73.", "expected_file": ["full"],
+             "usage": {}, "wall_s": 1.0, "grade": {"correct": True}},
         ]}]}  # fmt: skip
     path = tmp_path / "r.json"
     path.write_text(json.dumps(stored))
     done = run_eval("--regrade", str(path), "--json", str(path))
     assert done.returncode == 0, done.stderr
     data = json.loads(path.read_text())
-    first, second = data["runs"][0]["records"]
+    first, second, third = data["runs"][0]["records"]
     assert first["grade"]["correct"] and not second["grade"]["correct"]
-    assert data["runs"][0]["summary"]["correct"] == 1 and "regraded_by" in data["meta"]
+    assert second["grade_with_references"]["correct"]  # JSONDecodeError's file, listed
+    # the model's text names the function and the wrong file; its references, computed now
+    # from the files, say where it is: right as shown, wrong as written
+    assert not third["grade"]["correct"] and third["grade_with_references"]["correct"]
+    assert (
+        third["references_at_regrade"]
+        and "`py_scanstring`  json/decoder.py:" in third["references"]
+    )
+    assert "json/scanner.py:73: no class or function holds these lines" in third["references"]
+    # citations are the model's: json/scanner.py:73 does not hold py_scanstring
+    assert third["grade_with_references"]["citations"] == third["grade"]["citations"]
+    assert third["grade"]["citations_resolved"] == 0
+    summary = data["runs"][0]["summary"]
+    assert (summary["correct"], summary["correct_with_references"]) == (1, 3)
+    assert "regraded_by" in data["meta"]
     (tmp_path / "bad.json").write_text("[]")
     bad = run_eval("--regrade", str(tmp_path / "bad.json"))
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1

@@ -1,0 +1,287 @@
+"""References for an answer about a repository, checked against the repository itself:
+where each definition the answer names lives, and what each `path:line` it cites holds.
+
+A small model often names the right function and the wrong file, cites a line that holds
+something else, or gives a bare `path:line` with no name. The references put the index's
+facts beside its words: `name  path:first-last` for every class or function it names
+that the repository defines in few enough places to say, and for every citation, the
+definition whose lines hold it, or why it resolves to nothing (no such file, no such
+line). They are computed from the files, never generated; the answer's text stays as the
+model wrote it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
+
+from agentctx.code_outline import CODE_SUFFIXES, outline_symbols
+from tools.errors import ToolError
+from tools.outline import PYTHON_SUFFIXES
+from tools.repo_files import list_files, read_text
+
+MAX_REFERENCES = 8  # a longer list buries the answer it annotates
+MAX_DEFINITIONS = 3  # a name defined in more places than this is not listed unqualified
+MAX_FILE_BYTES = 1_000_000
+_FILE_SUFFIXES = CODE_SUFFIXES | frozenset(
+    [".md", ".rst", ".txt", ".json", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".html", ".css"]
+)
+_STOP = frozenset(
+    ["self", "cls", "none", "true", "false", "return", "def", "class", "function", "method",
+     "file", "line", "lines", "python"]
+)  # fmt: skip
+
+_BACKTICK = re.compile(r"`([^`\n]{1,200})`")
+_CALL = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\(")
+_DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w(])")
+_WORD = re.compile(r"(?<![\w.])([A-Za-z_]\w*)(?![\w.])")
+_KEYWORD = re.compile(r"\bclass\s+([A-Z]\w*)|\bdef\s+([A-Za-z_]\w*)")  # "the class Bar"
+# a citation: path:N, path:N-M, path:LN, or a path then "line(s) N(-M)" within a few words
+_PATH = r"((?:[\w.-]+/)*[\w.-]*\w\.[A-Za-z]\w*)"
+_CITE = re.compile(
+    rf"(?<![\w/.-]){_PATH}`?(?::\s?L?(\d+)(?:\s?[-–:]\s?L?(\d+))?(?!\d)"
+    rf"|`?[^\n`.;]{{0,30}}?\blines?\s+(\d+)(?:\s?(?:-|–|to|and)\s?(\d+))?)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Definition:
+    name: str  # qualified within its file: "JSONDecoder.raw_decode"
+    path: str
+    start: int  # its first line (the first decorator's)
+    end: int | None  # its last line; None where only its first is known (not Python)
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """One line of an answer's references: a definition it names or that holds a line it
+    cites (`cited`), or a citation that resolves to nothing (`definition` None, `why`)."""
+
+    definition: Definition | None
+    cited: str = ""  # the citation as the answer wrote it
+    why: str = ""
+
+    def line(self) -> str:
+        d = self.definition
+        if d is None:
+            return f"{self.cited}: {self.why}"
+        span = f"{d.path}:{d.start}" + (f"-{d.end}" if d.end and d.end != d.start else "")
+        where = f"`{d.name}`  {span}"
+        return f"{self.cited} is in {where}" if self.cited else where
+
+    def data(self) -> dict:
+        out = {"cited": self.cited or None, "why": self.why or None}
+        out["definition"] = asdict(self.definition) if self.definition else None
+        return out
+
+
+def render(references: list[Reference]) -> str:
+    """The references as a block to show under the answer ("" when there are none)."""
+    if not references:
+        return ""
+    return "References (checked against the files):\n" + "\n".join(
+        f"- {r.line()}" for r in references
+    )
+
+
+def for_answer(answer: str, root: str | None, kind: str = "repo") -> list[Reference]:
+    """The references shown under a turn's answer: none for a book, an empty answer, or a
+    repository that cannot be listed now (they annotate an answer, never fail its turn)."""
+    if kind != "repo" or not root or not answer.strip():
+        return []
+    try:
+        return references(answer, root)
+    except (ToolError, OSError):
+        return []
+
+
+def references(answer: str, root: str, files: list[str] | None = None) -> list[Reference]:
+    """The references of `answer` about the repository at `root` (its listable files:
+    ignored files and secrets are never read)."""
+    names = named(answer)
+    citations = _citations(answer)
+    if not names and not citations:
+        return []
+    files = list_files(root) if files is None else files
+    index = _Index(root, files)
+    out: list[Reference] = []
+    for cited, written, start, end in citations:
+        out.append(index.cited(cited, written, start, end))
+    mentioned = {index.file_of(m.group(1)) for m in re.finditer(_PATH, answer)} - {None}
+    for name in names:
+        for d in index.named(name, mentioned):
+            out.append(Reference(d))
+    return _unique(out)[:MAX_REFERENCES]
+
+
+def named(answer: str) -> list[str]:
+    """The code names an answer writes: in backticks, called, dotted, snake_case or
+    CamelCase, or after "class" or "def"; in order, each once."""
+    found: list[str] = []
+    for span in _BACKTICK.findall(answer):
+        head = re.match(r"(?:(?:async\s+)?def\s+|class\s+|@)?([A-Za-z_][\w.]*)", span.strip())
+        if head and "/" not in span:
+            found.append(head.group(1))
+    plain = _BACKTICK.sub(" ", answer)
+    plain = re.sub(_PATH, lambda m: " " if _is_path(m.group(1)) else m.group(1), plain)
+    found += _CALL.findall(plain) + _DOTTED.findall(plain)
+    found += [a or b for a, b in _KEYWORD.findall(plain)]
+    for word in _WORD.findall(plain):
+        inner = word.strip("_")
+        if ("_" in inner or word.startswith("_")) or (
+            word[0].isupper()
+            and any(c.islower() for c in word)
+            and any(c.isupper() for c in word[1:])
+        ):
+            found.append(word)
+    out: list[str] = []
+    for name in found:
+        name = name.strip(".")
+        if name and name.casefold() not in _STOP and name not in out:
+            out.append(name)
+    return out
+
+
+def _citations(answer: str) -> list[tuple[str, str, int, int]]:
+    """(as written, the path, first line, last line) of each citation, in order."""
+    out = []
+    for m in _CITE.finditer(answer):
+        first, last = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
+        start = int(first)
+        end = int(last) if last else start
+        cited = f"{m.group(1)}:{start}" + (f"-{end}" if end != start else "")
+        out.append((cited, m.group(1), start, end))
+    return out
+
+
+class _Index:
+    """The repository's definitions, parsed from the files that hold a name asked about."""
+
+    def __init__(self, root: str, files: list[str]) -> None:
+        self.root, self.files = root, files
+        self._texts: dict[str, str | None] = {}
+        self._defs: dict[str, list[Definition]] = {}
+
+    def file_of(self, written: str) -> str | None:
+        """The one file a written path names: itself, or the one file it is the tail of."""
+        token = written.strip("`'\"*()[]<>,;").removeprefix("./").lstrip("/")
+        if token in self.files:
+            return token
+        tails = [f for f in self.files if f.endswith("/" + token)]
+        return tails[0] if len(tails) == 1 else None
+
+    def text(self, path: str) -> str | None:
+        if path not in self._texts:
+            try:
+                self._texts[path] = read_text(self.root, path, MAX_FILE_BYTES)
+            except (ToolError, OSError):
+                self._texts[path] = None
+        return self._texts[path]
+
+    def definitions(self, path: str) -> list[Definition]:
+        if path not in self._defs:
+            text = self.text(path)
+            self._defs[path] = [] if text is None else _definitions(path, text)
+        return self._defs[path]
+
+    def cited(self, cited: str, written: str, start: int, end: int) -> Reference:
+        path = self.file_of(written)
+        if path is None:
+            return Reference(None, cited, f"no single file of the repository is {written}")
+        text = self.text(path)
+        if text is None:
+            return Reference(None, cited, f"{path} cannot be read")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        if not 1 <= start <= end <= len(lines):
+            return Reference(None, cited, f"{path} has {len(lines)} lines")
+        skipped = 0  # a blank line or two just above a definition point at it
+        while skipped < 2 and start < len(lines) and not lines[start - 1].strip():
+            start, skipped = start + 1, skipped + 1
+        end = max(end, start)
+        holding = [
+            d for d in self.definitions(path)
+            if d.end is not None and d.start <= end and start <= d.end
+        ]  # fmt: skip
+        if not holding:
+            return Reference(None, cited, "no class or function holds these lines")
+        # the innermost definition that holds the first cited line, else the first one cited
+        inner = [d for d in holding if d.start <= start <= d.end]
+        best = max(inner, key=lambda d: d.start) if inner else min(holding, key=lambda d: d.start)
+        return Reference(best, cited)
+
+    def named(self, name: str, mentioned: set[str]) -> list[Definition]:
+        """The definitions of `name` (qualified or not): all of them when there are at most
+        MAX_DEFINITIONS, else those in the files the answer names, else none."""
+        parts = name.split(".")
+        last = parts[-1]
+        if last.startswith("__") and len(parts) == 1:
+            return []  # __init__ alone names nothing in particular
+        candidates = [
+            d for path in self.files if _is_code(path) and last in (self.text(path) or "")
+            for d in self.definitions(path) if d.name.rsplit(".", 1)[-1] == last
+        ]  # fmt: skip
+        if len(parts) > 1:
+            qualifier = parts[-2]
+            narrowed = [
+                d for d in candidates
+                if qualifier in d.name.split(".")[:-1] or qualifier in _module_parts(d.path)
+            ]  # fmt: skip
+            candidates = narrowed or candidates
+        if len(candidates) > MAX_DEFINITIONS:
+            candidates = [d for d in candidates if d.path in mentioned]
+        return candidates if len(candidates) <= MAX_DEFINITIONS else []
+
+
+def _definitions(path: str, text: str) -> list[Definition]:
+    suffix = PurePosixPath(path).suffix.lower()
+    if suffix not in PYTHON_SUFFIXES:
+        return [Definition(s.name, path, s.line, None) for s in outline_symbols(path, text)]
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found: list[Definition] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                found.append(Definition(prefix + child.name, path, first, child.end_lineno))
+                walk(child, f"{prefix}{child.name}.")
+
+    walk(tree, "")
+    return found
+
+
+def _is_path(written: str) -> bool:
+    """A written path (a folder in it, or a file's suffix), not a dotted name."""
+    return "/" in written or PurePosixPath(written).suffix.lower() in _FILE_SUFFIXES
+
+
+def _is_code(path: str) -> bool:
+    return PurePosixPath(path).suffix.lower() in CODE_SUFFIXES
+
+
+def _module_parts(path: str) -> list[str]:
+    return list(PurePosixPath(path).with_suffix("").parts)
+
+
+def _unique(refs: list[Reference]) -> list[Reference]:
+    out: list[Reference] = []
+    seen: set = set()
+    for r in refs:
+        key = (r.definition, r.cited) if r.cited else (r.definition,)
+        if (
+            r.definition is not None
+            and not r.cited
+            and any(o.definition == r.definition for o in out)
+        ):
+            continue  # named and cited: the citation's line says it
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
