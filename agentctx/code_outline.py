@@ -4,6 +4,7 @@ languages' from a cheap regex per line."""
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -97,3 +98,25 @@ def outline_symbols(path: str, text: str) -> list[Symbol]:
                 symbols.append(Symbol(kind, match.group(2), number, depth))
                 break
     return symbols
+
+
+def inner_functions(path: str, text: str) -> list[Symbol]:
+    """The functions a Python file defines inside functions (depth 2: `floatstr` inside
+    `JSONEncoder.iterencode`), for the excerpts; the outline and the map leave them out."""
+    if PurePosixPath(path).suffix.lower() not in PYTHON_SUFFIXES:
+        return []
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found: list[Symbol] = []
+
+    def walk(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            is_function = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if is_function and in_function:
+                found.append(Symbol("def", child.name, child.lineno, 2))
+            walk(child, in_function or is_function)
+
+    walk(tree, False)
+    return found

@@ -63,11 +63,15 @@ def chunks(path: str, lines: list[str], symbols: list[Symbol]) -> list[_Chunk]:
     definition (or the end of the file)."""
     ordered = sorted(symbols, key=lambda s: s.line)
     found: list[_Chunk] = []
-    owner = ""
+    owner, outer = "", ()  # the class above, and the function above an inner one
     for index, symbol in enumerate(ordered):
         if symbol.depth == 0:
             owner = symbol.name if symbol.kind == "class" else ""
-        names = (owner, symbol.name) if symbol.depth and owner else (symbol.name,)
+        if symbol.depth >= 2:  # an inner function: named within the one it is in
+            names = (*outer, symbol.name)
+        else:
+            names = (owner, symbol.name) if symbol.depth and owner else (symbol.name,)
+            outer = names
         start = _lead_in(lines, symbol.line)
         following = ordered[index + 1].line if index + 1 < len(ordered) else len(lines) + 1
         end = max(_lead_in(lines, following) - 1, symbol.line)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentctx.code_outline import outline_symbols
+from agentctx.code_outline import inner_functions, outline_symbols
 from agentctx.context_choice import CHOICE, REASON_DROPPED
 from agentctx.excerpts import Excerpt, best_excerpts
 from agentctx.ranking import is_boilerplate, is_overview, rank_paths
@@ -145,8 +145,9 @@ def pack_repository(
     kept = [p for p in lines_of if p not in dropped]  # (no definition of a dropped file)
     prefix = repo_map.text + "\n" if repo_map.text else ""
     section, excerpts = best_excerpts(
-        {p: lines_of[p] for p in kept}, {p: symbols[p] for p in kept}, question, count_tokens,
-        budget - repo_map.tokens, project,
+        {p: lines_of[p] for p in kept},
+        {p: symbols[p] + inner_functions(p, texts[p]) for p in kept if symbols[p]},
+        question, count_tokens, budget - repo_map.tokens, project,
     )  # fmt: skip
     suffix = "\n" + section if section else ""
     room = budget - repo_map.tokens - (count_tokens(suffix) if suffix else 0)

@@ -167,10 +167,17 @@ class _Index:
     def file_of(self, written: str) -> str | None:
         """The one file a written path names: itself, or the one file it is the tail of."""
         token = written.strip("`'\"*()[]<>,;").removeprefix("./").lstrip("/")
-        if token in self.files:
-            return token
-        tails = [f for f in self.files if f.endswith("/" + token)]
-        return tails[0] if len(tails) == 1 else None
+        stem, dot, suffix = token.rpartition(".")
+        readings = [token]
+        if dot and "/" not in token and "." in stem:  # click.core.py: a module's dotted name
+            readings.append(f"{stem.replace('.', '/')}.{suffix}")
+        for reading in readings:
+            if reading in self.files:
+                return reading
+            tails = [f for f in self.files if f.endswith("/" + reading)]
+            if len(tails) == 1:
+                return tails[0]
+        return None
 
     def text(self, path: str) -> str | None:
         if path not in self._texts:
@@ -231,6 +238,9 @@ class _Index:
                 if qualifier in d.name.split(".")[:-1] or qualifier in _module_parts(d.path)
             ]  # fmt: skip
             candidates = narrowed or candidates
+        # a name defined again in its file (after @overload stubs, or redefined): the last
+        # definition is the one that runs
+        candidates = list({(d.name, d.path): d for d in candidates}.values())
         if len(candidates) > MAX_DEFINITIONS:
             candidates = [d for d in candidates if d.path in mentioned]
         return candidates if len(candidates) <= MAX_DEFINITIONS else []

@@ -8,7 +8,7 @@ from pathlib import Path
 import git
 import pytest
 
-from agentctx.code_outline import outline_symbols
+from agentctx.code_outline import inner_functions, outline_symbols
 from agentctx.excerpts import HEADER, MAX_EXCERPT_LINES, chunks
 from agentctx.packing import pack_repository, summary_line
 from agentctx.packing_report import manifest_data, report_lines, stored_manifest
@@ -159,3 +159,53 @@ def test_each_excerpt_is_headed_by_its_name_beside_its_place(repo: Path) -> None
     first = packed.excerpts[0]
     header = f"--- guess_encoding, textkit/codecs_util.py:{first.start}-{first.end} ---"
     assert header in section(packed.text)
+
+
+NESTED = '''class Encoder:
+    def encode(self, o):
+        """Encode o as text."""
+        markers = {}
+
+        def floatstr(value, allow_nan=True):
+            if value != value:
+                return "NaN"
+            return repr(value)
+
+        return floatstr(o)
+
+
+def decorate(f):
+    def wrapper(*args):
+        def deeper():
+            return f(*args)
+
+        return deeper()
+
+    return wrapper
+'''
+
+
+def test_an_inner_function_is_a_chunk_of_its_own_named_within_its_function() -> None:
+    lines = NESTED.split("\n")
+    symbols = outline_symbols("n.py", NESTED) + inner_functions("n.py", NESTED)
+    found = {c.name: c for c in chunks("n.py", lines, symbols)}
+    assert list(found) == ["Encoder", "Encoder.encode", "Encoder.encode.floatstr", "decorate",
+                           "decorate.wrapper", "decorate.deeper"]  # fmt: skip
+    inner = found["Encoder.encode.floatstr"]
+    assert lines[inner.start - 1].strip().startswith("def floatstr(")
+    assert found["Encoder.encode"].end < inner.start  # the outer chunk ends before it
+    assert inner_functions("n.js", "function a() { function b() {} }") == []
+    assert inner_functions("bad.py", "def (:") == []
+
+
+def test_a_question_about_an_inner_function_gets_it_first(tmp_path: Path) -> None:
+    root = tmp_path / "enc"
+    write(root, "enc.py", NESTED)
+    write(root, "other.py", "def encode_all(items):\n    return [str(i) for i in items]\n")
+    with git.Repo.init(root) as r:
+        r.index.add(["enc.py", "other.py"])
+        r.index.commit("initial", author=AUTHOR, committer=AUTHOR)
+    packed = pack_repository(
+        root, "Which inner function turns NaN floats into text?", count_words, 5_000
+    )
+    assert packed.excerpts[0].name == "Encoder.encode.floatstr"

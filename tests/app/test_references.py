@@ -31,6 +31,14 @@ class Decoder:
 
 def scanstring(s, end):
     return s[end:]
+
+
+@overload
+def parse(s: str) -> str: ...
+@overload
+def parse(s: bytes) -> bytes: ...
+def parse(s):
+    return s
 '''
 SCANNER = """def make_scanner(ctx):
     def scan_once(s, idx):
@@ -78,6 +86,8 @@ def test_a_named_definition_gets_its_file_and_lines(lib):
     ]
     assert lines("DecodeError is raised", lib) == ["`DecodeError`  pkg/decoder.py:4-5"]
     assert lines("call make_scanner(ctx) first", lib) == ["`make_scanner`  pkg/scanner.py:1-5"]
+    # typing overloads: the implementation's lines, once
+    assert lines("It is `parse`.", lib) == ["`parse`  pkg/decoder.py:27-28"]
 
 
 def test_a_name_defined_in_many_places_is_listed_only_where_the_answer_points(lib):
@@ -99,6 +109,9 @@ def test_each_citation_form_says_what_its_lines_hold(lib):
     assert lines("defined in the `pkg/decoder.py` file, lines 4-5.", lib) == [
         "pkg/decoder.py:4-5 is in `DecodeError`  pkg/decoder.py:4-5"
     ]
+    assert lines("in the `pkg.scanner.py` file at line 2", lib) == [
+        "pkg.scanner.py:2 is in `make_scanner.scan_once`  pkg/scanner.py:2-3"
+    ]  # a module's dotted name with the file's suffix
     assert lines("in `scanner.py` at line 2", lib) == [
         "scanner.py:2 is in `make_scanner.scan_once`  pkg/scanner.py:2-3"
     ]
@@ -109,7 +122,7 @@ def test_each_citation_form_says_what_its_lines_hold(lib):
 
 
 def test_a_citation_that_resolves_to_nothing_says_why(lib):
-    assert lines("pkg/decoder.py:99", lib) == ["pkg/decoder.py:99: pkg/decoder.py has 20 lines"]
+    assert lines("pkg/decoder.py:99", lib) == ["pkg/decoder.py:99: pkg/decoder.py has 28 lines"]
     assert lines("pkg/nope.py:3", lib) == [
         "pkg/nope.py:3: no single file of the repository is pkg/nope.py"
     ]
