@@ -175,3 +175,26 @@ def test_ask_shows_the_references_after_the_answer(lib, home):  # noqa: F811
         "definition": {"name": "scanstring", "path": "pkg/decoder.py", "start": 19, "end": 20},
     }]  # fmt: skip
     assert events[-1]["type"] == "usage" and events[-1]["references"] == refs["references"]
+
+
+@pytest.mark.anyio
+async def test_the_tui_logs_the_references_after_the_answer(repo, store, agentctx_home):
+    from transformers import AutoTokenizer
+
+    from agentctx.tui.app import AgentApp
+    from engine.loading.loader import resolve_source
+    from tests.app.pilot_support import finish, submit
+    from tests.app.scripted import ScriptedEngine
+    from tests.app.test_tui_compact import log_lines
+    from tests.app.tool_templates import HERMES
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_source(None).path)
+    engine = ScriptedEngine(tokenizer, HERMES, ["It is `add`, at calc.py:2."], 8192)
+    app = AgentApp(repo=str(repo), engine_factory=lambda model: engine, store=store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await submit(pilot, "What does add return?")
+        await finish(pilot)
+        lines = log_lines(app)
+        refs = "References (checked against the files):\n- calc.py:2 is in `add`  calc.py:1-2"
+        assert refs in lines and "tokens in context" in lines[-1]
+        assert lines.index(refs) == len(lines) - 2  # after the answer, before its summary
