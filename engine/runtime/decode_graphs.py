@@ -11,6 +11,7 @@ import torch
 
 from engine.layers.step_context import StepContext
 from engine.runtime.graph_setup import GraphSetup
+from engine.runtime.row_argmax import row_argmax
 from engine.runtime.step_inputs import StepInputs, StepShape
 
 # the per-sequence fields of the input buffer, in order; the block tables follow them
@@ -115,7 +116,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=s.pool):
             self.logits[key] = self.forward(size)
-            self.argmax[key] = self.logits[key].argmax(dim=-1)
+            self.argmax[key] = row_argmax(self.logits[key])  # (torch.argmax's, in 2 passes)
             # feed the tokens back as the next step's input, for a step launched ahead
             self.buf["ids"][:size].copy_(self.argmax[key])
         s.pool = graph.pool()
