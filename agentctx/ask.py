@@ -14,6 +14,7 @@ from typing import Any
 
 from agentctx.agent import DEFAULT_MAX_STEPS, TOOL_PROMPTS, with_tool_prompt  # noqa: F401
 from agentctx.packing import MAP_SHARE, PackedContext, pack_repository, summary_line
+from agentctx.turn_usage import usage_of
 
 SYSTEM_PROMPT = (
     "You are agentctx, an assistant that answers questions about a code repository. "
@@ -288,33 +289,6 @@ def history_messages(store, session_id: str) -> list[dict]:
         if out and m.timings and KEY in m.timings:  # what the turn's prompt left out
             out[-1][KEY] = m.timings[KEY]
     return out
-
-
-def usage_of(stats, prompt_tokens: int) -> dict:
-    if stats is None:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": None}
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "cached_tokens": stats.cached_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "ttft_s": round(stats.ttft_s, 4),
-        "prefill_tok_s": round(stats.prefill_tok_s, 1),
-        "decode_tok_s": round(stats.decode_tok_s, 2),
-        **speculation_usage(stats),
-    }
-
-
-def speculation_usage(stats) -> dict:
-    """Speculative decoding's per-request numbers, when a step of the request speculated."""
-    spec = getattr(stats, "speculation", None)
-    if spec is None or not spec.steps:
-        return {}
-    return {"speculation": {
-        "steps": spec.steps, "drafted": spec.drafted, "accepted": spec.accepted,
-        "mean_accepted": round(spec.mean_accepted, 2),
-        "acceptance_rate": round(spec.acceptance_rate, 3),
-        "proposer_time_share": round(spec.propose_s / stats.total_s, 3) if stats.total_s else 0.0,
-    }}  # fmt: skip
 
 
 def new_session_messages(

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from tools.errors import ToolError
-from tools.outline import PYTHON_SUFFIXES, definitions
+from tools.outline import PYTHON_SUFFIXES, Definition, definitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,23 +101,40 @@ def outline_symbols(path: str, text: str) -> list[Symbol]:
     return symbols
 
 
+def python_tree(path: str, text: str) -> ast.Module | None:
+    """A Python file's syntax tree; None for another language or a file that does not parse
+    (or nests too deep for the parser)."""
+    if PurePosixPath(path).suffix.lower() not in PYTHON_SUFFIXES:
+        return None
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def walk_definitions(tree: ast.AST) -> Iterator[tuple[str, Definition, bool]]:
+    """Every class and function in a syntax tree, nested ones included (also those under an
+    `if` or a `with`), in source order: (its qualified name, "Encoder.encode.floatstr"; the
+    node; whether a function encloses it)."""
+
+    def walk(node: ast.AST, prefix: str, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                yield prefix + child.name, child, in_function
+                inside = in_function or not isinstance(child, ast.ClassDef)
+                yield from walk(child, f"{prefix}{child.name}.", inside)
+            else:
+                yield from walk(child, prefix, in_function)
+
+    yield from walk(tree, "", False)
+
+
 def inner_functions(path: str, text: str) -> list[Symbol]:
     """The functions a Python file defines inside functions (depth 2: `floatstr` inside
     `JSONEncoder.iterencode`), for the excerpts; the outline and the map leave them out."""
-    if PurePosixPath(path).suffix.lower() not in PYTHON_SUFFIXES:
-        return []
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    found: list[Symbol] = []
-
-    def walk(node: ast.AST, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            is_function = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-            if is_function and in_function:
-                found.append(Symbol("def", child.name, child.lineno, 2))
-            walk(child, in_function or is_function)
-
-    walk(tree, False)
-    return found
+    tree = python_tree(path, text)
+    return [
+        Symbol("def", node.name, node.lineno, 2)
+        for _, node, inside in (walk_definitions(tree) if tree is not None else ())
+        if inside and not isinstance(node, ast.ClassDef)
+    ]

@@ -12,14 +12,13 @@ model wrote it.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
-from agentctx.code_outline import CODE_SUFFIXES, outline_symbols
+from agentctx.code_outline import CODE_SUFFIXES, outline_symbols, python_tree, walk_definitions
 from tools.errors import ToolError
-from tools.outline import PYTHON_SUFFIXES
+from tools.outline import PYTHON_SUFFIXES, first_line
 from tools.repo_files import list_files, read_text
 
 MAX_REFERENCES = 8  # a longer list buries the answer it annotates
@@ -247,24 +246,13 @@ class _Index:
 
 
 def _definitions(path: str, text: str) -> list[Definition]:
-    suffix = PurePosixPath(path).suffix.lower()
-    if suffix not in PYTHON_SUFFIXES:
+    if PurePosixPath(path).suffix.lower() not in PYTHON_SUFFIXES:
         return [Definition(s.name, path, s.line, None) for s in outline_symbols(path, text)]
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    found: list[Definition] = []
-
-    def walk(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                found.append(Definition(prefix + child.name, path, first, child.end_lineno))
-                walk(child, f"{prefix}{child.name}.")
-
-    walk(tree, "")
-    return found
+    tree = python_tree(path, text)
+    return [
+        Definition(name, path, first_line(node), node.end_lineno)
+        for name, node, _ in (walk_definitions(tree) if tree is not None else ())
+    ]
 
 
 def _is_path(written: str) -> bool:

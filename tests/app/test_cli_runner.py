@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from agentctx import interrupts
-from agentctx.ask import TurnResult, first_messages, usage_of
+from agentctx.ask import TurnResult, first_messages
 from agentctx.backend import Backend
 from agentctx.cli import cli
 from agentctx.packing import pack_repository, summary_line
 from agentctx.packing_report import manifest_data
+from agentctx.turn_usage import usage_of
 from engine.runtime.requests import GenerationStats
 from sessions.store import SessionStore
 from tools.errors import ToolError
