@@ -63,17 +63,32 @@ def profile(engine, prompts, steps: int, trace: str | None = None) -> tuple:
     return table, len(kernels) // steps, gpu_us / 1000 / steps, tl
 
 
-# kernel kinds by name (cuBLAS's GEMM/GEMV kernels, ours by their Triton names); the first
-# pattern that matches wins
+def _ours(*names: str) -> str:
+    """A pattern matching our Triton kernels by their exact names."""
+    return r"^(?:" + "|".join(names) + r")$"
+
+
+# kernel kinds by name: ours (kernels/*.py) by their Triton function names, cuBLAS's by its
+# kernel families; the first pattern that matches wins
 KINDS = (
-    ("weights: GEMM/GEMV", r"gemm|gemv|cutlass|xmma|nvjet|splitk|cublas|w4a16|_mm_"),
-    ("attention", r"paged_decode|sparse_decode|flash|attn|sdpa"),
-    ("page selection and allocation", r"page_score|topk|tier_alloc|select|union|recall|hist"),
-    ("host fetch", r"uva|gather_pages|fetch"),
-    ("norms, rope, KV append, activation", r"rmsnorm|rope|kv_append|silu|norm"),
+    ("weights: GEMV (cuBLAS, W4A16)", _ours("_w4a16_kernel") + r"|gemm|gemv|cutlass|xmma|nvjet"),
+    ("weights: cuBLAS split-K reductions", r"splitkreduce"),
+    ("attention and its split combine", _ours("_paged_decode_kernel", "_combine_kernel",
+                                              "_sparse_decode_kernel", "_sparse_combine_kernel")),
+    ("page scoring, selection and slot allocation", _ours(
+        "_page_score_kernel", "_select_probe_kernel", "_select_hist_kernel",
+        "_split_hist_kernel", "_split_count_kernel", "_split_write_kernel",
+        "_union_mark_kernel", "_union_compact_kernel", "_recall_kernel", "_units_kernel",
+        "_value_kernel", "_resolve_kernel", "_owner_kernel", "_victims_hist_kernel",
+        "_victims_count_kernel", "_victims_write_kernel", "_assign_kernel", "_finish_kernel")),
+    ("host fetch (UVA gather)", _ours("_gather_kernel", "_stage_kernel")),
+    ("norms, rope, KV append, activation", _ours(
+        "_rmsnorm_kernel", "_rope_kv_kernel", "_silu_mul_kernel", "_append_kernel",
+        "_tier_append_kernel")),
     ("copies and fills", r"memcpy|memset|copy_|fill"),
+    ("torch's own kernels (index and mask glue, reductions)", r"at::native|void at::"),
     ("other", r""),
-)
+)  # fmt: skip
 
 
 def kinds(events, steps: int) -> dict:
@@ -82,8 +97,7 @@ def kinds(events, steps: int) -> dict:
 
     out = {name: {"ms": 0.0, "kernels": 0} for name, _ in KINDS}
     for name, ns in events:
-        low = name.lower()
-        kind = next(k for k, pattern in KINDS if re.search(pattern, low))
+        kind = next(k for k, pattern in KINDS if re.search(pattern, name, re.IGNORECASE))
         out[kind]["ms"] += ns / 1e6 / steps
         out[kind]["kernels"] += 1
     return {
