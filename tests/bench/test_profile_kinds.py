@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+from pytest import approx
+
 from bench.profile_decode import KINDS, kinds
 
 
@@ -24,14 +26,14 @@ def test_kernels_are_grouped_by_kind_per_step():
     ]
     got = kinds(events, steps=2)
     assert got["weights: GEMV (cuBLAS, W4A16)"] == {"ms": 3.0, "kernels": 1.5}
-    assert got["weights: cuBLAS split-K reductions"]["ms"] == 0.05
-    assert abs(got["attention and its split combine"]["ms"] - 0.3) < 1e-9
-    assert got["page scoring, selection and slot allocation"]["ms"] == 0.15
-    assert got["host fetch (UVA gather)"]["ms"] == 0.3
-    assert got["norms, rope, KV append, activation"]["ms"] == 0.05
-    assert got["copies and fills"]["ms"] == 0.025
-    assert got["torch's own kernels (index and mask glue, reductions)"]["ms"] == 0.01
-    assert got["other"]["ms"] == 0.005
+    assert got["weights: cuBLAS split-K reductions"]["ms"] == approx(0.05)
+    assert got["attention and its split combine"]["ms"] == approx(0.3)
+    assert got["page scoring, selection and slot allocation"]["ms"] == approx(0.15)
+    assert got["host fetch (UVA gather)"]["ms"] == approx(0.3)
+    assert got["norms, rope, KV append, activation"]["ms"] == approx(0.05)
+    assert got["copies and fills"]["ms"] == approx(0.025)
+    assert got["torch's own kernels (index and mask glue, reductions)"]["ms"] == approx(0.01)
+    assert got["other"]["ms"] == approx(0.005)
     assert kinds([], steps=1) == {}
 
 
