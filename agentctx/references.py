@@ -109,6 +109,11 @@ def references(answer: str, root: str, files: list[str] | None = None) -> list[R
     for cited, written, start, end in citations:
         out.append(index.cited(cited, written, start, end))
     mentioned = {index.file_of(m.group(1)) for m in re.finditer(_PATH, answer)} - {None}
+    # a bare name the answer also cites is left to its citation: the cited line says which
+    # of the name's definitions it means
+    cited = {_last(r.definition.name) for r in out if r.definition is not None}
+    names = [n for n in names if "." in n or n not in cited]
+    index.find({_last(n) for n in names})
     for name in names:
         for d in index.named(name, mentioned):
             out.append(Reference(d))
@@ -160,8 +165,9 @@ class _Index:
 
     def __init__(self, root: str, files: list[str]) -> None:
         self.root, self.files = root, files
-        self._texts: dict[str, str | None] = {}
+        self._texts: dict[str, str | None] = {}  # the files cited
         self._defs: dict[str, list[Definition]] = {}
+        self._by_name: dict[str, list[Definition]] = {}  # find's: definitions by last name
 
     def file_of(self, written: str) -> str | None:
         """The one file a written path names: itself, or the one file it is the tail of."""
@@ -180,17 +186,39 @@ class _Index:
 
     def text(self, path: str) -> str | None:
         if path not in self._texts:
-            try:
-                self._texts[path] = read_text(self.root, path, MAX_FILE_BYTES)
-            except (ToolError, OSError):
-                self._texts[path] = None
+            self._texts[path] = self._read(path)
         return self._texts[path]
 
-    def definitions(self, path: str) -> list[Definition]:
+    def _read(self, path: str) -> str | None:
+        try:
+            return read_text(self.root, path, MAX_FILE_BYTES)
+        except (ToolError, OSError):
+            return None
+
+    def definitions(self, path: str, text: str | None = None) -> list[Definition]:
         if path not in self._defs:
-            text = self.text(path)
+            text = self.text(path) if text is None else text
             self._defs[path] = [] if text is None else _definitions(path, text)
         return self._defs[path]
+
+    def find(self, names: set[str]) -> None:
+        """The definitions of these names, from one pass over the code files: a file is
+        parsed only when one of the names occurs in it as a word (no file is kept)."""
+        names = {n for n in names if n}
+        if not names:
+            return
+        word = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b")
+        self._by_name = {n: [] for n in names}
+        for path in self.files:
+            if not _is_code(path):
+                continue
+            text = self._texts.get(path) or self._read(path)
+            if text is None or not word.search(text):
+                continue
+            for d in self.definitions(path, text):
+                found = self._by_name.get(d.name.rsplit(".", 1)[-1])
+                if found is not None:
+                    found.append(d)
 
     def cited(self, cited: str, written: str, start: int, end: int) -> Reference:
         path = self.file_of(written)
@@ -226,10 +254,7 @@ class _Index:
         last = parts[-1]
         if last.startswith("__") and len(parts) == 1:
             return []  # __init__ alone names nothing in particular
-        candidates = [
-            d for path in self.files if _is_code(path) and last in (self.text(path) or "")
-            for d in self.definitions(path) if d.name.rsplit(".", 1)[-1] == last
-        ]  # fmt: skip
+        candidates = list(self._by_name.get(last, ()))
         if len(parts) > 1:
             qualifier = parts[-2]
             narrowed = [
@@ -253,6 +278,10 @@ def _definitions(path: str, text: str) -> list[Definition]:
         Definition(name, path, first_line(node), node.end_lineno)
         for name, node, _ in (walk_definitions(tree) if tree is not None else ())
     ]
+
+
+def _last(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
 
 
 def _is_path(written: str) -> bool:

@@ -61,10 +61,22 @@ def lib(tmp_path):
     (root / "pkg" / "extra.py").write_text(
         "def decode(x):\n    return x\n\n\ndef decode2():\n    pass\n"
     )
-    (root / "pkg" / "more.py").write_text("def decode(y):\n    return y\n")
+    (root / "pkg" / "more.py").write_text(
+        "def decode(y):\n    return y\n\n\ndef helper():\n    pass\n"
+    )
+    (root / "pkg" / "other.py").write_text("def helper():\n    pass\n")
     (root / "secrets.yaml").write_text("api_key: def_secret_value\n")
     r = git.Repo.init(root)
-    r.index.add(["secrets.yaml", "pkg/decoder.py", "pkg/scanner.py", "pkg/extra.py", "pkg/more.py"])
+    r.index.add(
+        [
+            "secrets.yaml",
+            "pkg/other.py",
+            "pkg/decoder.py",
+            "pkg/scanner.py",
+            "pkg/extra.py",
+            "pkg/more.py",
+        ]
+    )
     r.index.commit("initial")
     return root
 
@@ -138,6 +150,20 @@ def test_a_citation_that_resolves_to_nothing_says_why(lib):
 def test_named_citation_and_list_are_each_given_once_and_capped(lib):
     answer = "`scanstring` (pkg/decoder.py:19) and `scanstring` again, pkg/decoder.py:19"
     assert lines(answer, lib) == ["pkg/decoder.py:19 is in `scanstring`  pkg/decoder.py:19-20"]
+    # a name defined in several files, cited at one of them: its other definitions are not
+    # listed beside the one the citation means (a qualified name still is)
+    assert lines("`helper`", lib) == ["`helper`  pkg/more.py:5-6", "`helper`  pkg/other.py:1-2"]
+    assert lines("`helper` at pkg/other.py:1", lib) == [
+        "pkg/other.py:1 is in `helper`  pkg/other.py:1-2"
+    ]
+    assert lines("`parse` at pkg/scanner.py:8, and `Decoder.decode`", lib) == [
+        "pkg/scanner.py:8 is in `decode`  pkg/scanner.py:8-9",
+        "`parse`  pkg/decoder.py:27-28",
+        "`Decoder.decode`  pkg/decoder.py:9-10",
+    ]
+    assert lines("`decode` at pkg/scanner.py:8", lib) == [
+        "pkg/scanner.py:8 is in `decode`  pkg/scanner.py:8-9"
+    ]
     many = " ".join(f"pkg/decoder.py:{n}" for n in range(2, 20))
     assert len(references(many, str(lib))) == 8
 
