@@ -119,6 +119,8 @@ def walk_definitions(tree: ast.AST) -> Iterator[tuple[str, Definition, bool]]:
 
     def walk(node: ast.AST, prefix: str, in_function: bool):
         for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.stmt | ast.excepthandler | ast.match_case):
+                continue  # an expression holds no def (a lambda is none): not walked
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 yield prefix + child.name, child, in_function
                 inside = in_function or not isinstance(child, ast.ClassDef)

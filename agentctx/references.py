@@ -216,7 +216,7 @@ class _Index:
             if text is None or not word.search(text):
                 continue
             for d in self.definitions(path, text):
-                found = self._by_name.get(d.name.rsplit(".", 1)[-1])
+                found = self._by_name.get(_last(d.name))
                 if found is not None:
                     found.append(d)
 
@@ -298,17 +298,9 @@ def _module_parts(path: str) -> list[str]:
 
 
 def _unique(refs: list[Reference]) -> list[Reference]:
+    """Each reference once; a definition both cited and named is left to its citation."""
     out: list[Reference] = []
-    seen: set = set()
     for r in refs:
-        key = (r.definition, r.cited) if r.cited else (r.definition,)
-        if (
-            r.definition is not None
-            and not r.cited
-            and any(o.definition == r.definition for o in out)
-        ):
-            continue  # named and cited: the citation's line says it
-        if key not in seen:
-            seen.add(key)
+        if (r.cited and r not in out) or all(o.definition != r.definition for o in out):
             out.append(r)
     return out
