@@ -102,12 +102,15 @@ def run_turn(
     kind: str = "repo",
     max_steps: int = DEFAULT_MAX_STEPS,
     links: TurnLinks | None = None,
+    check: bool = False,
 ) -> TurnResult:
     """One turn: stream the answer to `output`, calling tools first when the model's chat
     template takes them (see agentctx.agent). Ctrl-C cancels generation; the partial answer
     is kept and KeyboardInterrupt is raised again with it attached (`.partial`). A stream
     cancelled from another thread (the TUI's Esc) ends the turn with reason "cancelled".
-    `links`: the engine session, the record and the stream callback (TurnLinks)."""
+    `links`: the engine session, the record and the stream callback (TurnLinks). With
+    `check`, an answer about a repository that the files contradict is asked for once more
+    (agentctx.answer_check)."""
     from agentctx.agent import (
         ANSWER_NOW,
         ToolStep,
@@ -122,6 +125,7 @@ def run_turn(
         run_tools,
         tool_messages,
     )
+    from agentctx.answer_check import revise
     from agentctx.compaction import Compaction, compact_to_fit
     from engine import ContextTooLongError
 
@@ -134,7 +138,8 @@ def run_turn(
         convo = with_tool_prompt(convo, kind, fmt)
     retried = False  # a step that had to be the answer but only called tools, asked again
     reprompted = False  # an empty answer after tool results, asked again
-    for step_no in range(max_steps + 3):
+    checking, revision = check and kind == "repo", None  # agentctx.answer_check
+    for step_no in range(max_steps + 4):
         ids = engine.chat_tokens(convo, tools=tools)
         if step_no and len(ids) + params.max_tokens > engine.max_model_len:  # tool results
             _, convo = compact_to_fit(
@@ -191,13 +196,19 @@ def run_turn(
                 record.step(step)
             continue
         empty = not content.strip() and not calls and reason not in ("cancelled", "length")
-        if empty and steps and question and not reprompted:
+        if empty and any(s.calls for s in steps) and question and not reprompted:
             # once: an empty answer after tool results (the model ended its turn at once)
             # is asked for again in words
             reprompted = True
             convo += [{"role": "assistant", "content": ""},
                       {"role": "user", "content": ANSWER_NOW.format(question=question)}]  # fmt: skip
             continue
+        if checking and revision is None and reason == "stop" and not calls and question:
+            revision = revise(content, question, root, steps, convo, output, record)
+            if revision.faults:
+                continue
+        if revision is not None and revision.faults and reason == "stop" and not calls:
+            content = revision.settle(content, output)
         if reason == "cancelled" or not calls or must_answer:
             if calls and reason != "cancelled":
                 reason = "step_limit"
@@ -208,6 +219,8 @@ def run_turn(
                 usage.update(completion_tokens=completion, ttft_s=round(ttft, 4))
             if steps:
                 usage["steps"] = len(steps) + 1
+            if revision is not None:
+                usage.update(revision.usage())
             if fmt:
                 made = [c for s in steps for c in s.calls]
                 usage.update(call_counts(made + (calls if reason == "step_limit" else [])))
@@ -231,7 +244,7 @@ def run_turn(
             convo.append({"role": "user", "content": step.after})
         if record is not None:
             record.step(step)
-    raise AssertionError("unreachable")  # the loop returns by step max_steps + 2
+    raise AssertionError("unreachable")  # the loop returns by step max_steps + 3
 
 
 def turn_tools(engine, root, kind: str, max_steps: int):

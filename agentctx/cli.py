@@ -105,6 +105,12 @@ def cli(ctx: click.Context) -> None:
     "lines it cites hold.",
 )
 @click.option(
+    "--no-check",
+    is_flag=True,
+    help="Keep the first answer even when the repository's files contradict it (by default "
+    "such an answer is shown what the files say and asked for once more).",
+)
+@click.option(
     "--max-steps",
     type=click.IntRange(0),
     help="Most tool-calling steps in one turn, for models whose template takes tools (0: none; "
@@ -136,7 +142,7 @@ def cli(ctx: click.Context) -> None:
 @kv_options
 @interrupts.terminating_as_interrupt()
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
-        context_tokens, show_packing, no_references, max_steps, device, weights, backend, api_key_env, dry_run,
+        context_tokens, show_packing, no_references, no_check, max_steps, device, weights, backend, api_key_env, dry_run,
         sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate,
         rope_scaling) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
@@ -207,7 +213,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
         params, max_steps = resolve(config_settings(), stored(session), given)
         turn = Turn(question, root, kind, session=session, name=session_ref, model=model,
                     params=params, max_steps=max_steps,
-                    references=not no_references)  # fmt: skip
+                    references=not no_references, check=not no_check)  # fmt: skip
         history = history_messages(store, session.id) if session is not None else None
         convo.pack(turn, history, output, context_tokens, show_packing or dry_run)
         if dry_run:

@@ -37,6 +37,7 @@ class Turn:
     status: str = "interrupted"  # how it is stored: "complete" once it ended whole
     compaction: Compaction = field(default_factory=Compaction)  # what its prompt leaves out
     references: bool = True  # show the answer's references (agentctx.references)
+    check: bool = True  # an answer the files contradict is asked again (agentctx.answer_check)
 
     @property
     def usage(self) -> dict | None:

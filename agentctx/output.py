@@ -213,5 +213,10 @@ class JsonOutput:
     def references(self, refs) -> None:
         self._emit({"type": "references", "references": [r.data() for r in refs]})
 
+    def revising(self, line: str) -> None:
+        """The answer so far is checked and asked for again (agentctx.answer_check): the
+        tokens after this event are the new answer."""
+        self._emit({"type": "answer_check", "message": line})
+
     def end(self, usage: dict) -> None:
         self._emit({"type": "usage", **usage})

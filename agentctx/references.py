@@ -104,16 +104,16 @@ def references(answer: str, root: str, files: list[str] | None = None) -> list[R
     if not names and not citations:
         return []
     files = list_files(root) if files is None else files
-    index = _Index(root, files)
+    index = Index(root, files)
     out: list[Reference] = []
     for cited, written, start, end in citations:
         out.append(index.cited(cited, written, start, end))
     mentioned = {index.file_of(m.group(1)) for m in re.finditer(_PATH, answer)} - {None}
     # a bare name the answer also cites is left to its citation: the cited line says which
     # of the name's definitions it means
-    cited = {_last(r.definition.name) for r in out if r.definition is not None}
+    cited = {last_name(r.definition.name) for r in out if r.definition is not None}
     names = [n for n in names if "." in n or n not in cited]
-    index.find({_last(n) for n in names})
+    index.find({last_name(n) for n in names})
     for name in names:
         for d in index.named(name, mentioned):
             out.append(Reference(d))
@@ -160,7 +160,7 @@ def _citations(answer: str) -> list[tuple[str, str, int, int]]:
     return out
 
 
-class _Index:
+class Index:
     """The repository's definitions, parsed from the files that hold a name asked about."""
 
     def __init__(self, root: str, files: list[str]) -> None:
@@ -210,15 +210,19 @@ class _Index:
         word = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b")
         self._by_name = {n: [] for n in names}
         for path in self.files:
-            if not _is_code(path):
+            if not is_code(path):
                 continue
             text = self._texts.get(path) or self._read(path)
             if text is None or not word.search(text):
                 continue
             for d in self.definitions(path, text):
-                found = self._by_name.get(_last(d.name))
+                found = self._by_name.get(last_name(d.name))
                 if found is not None:
                     found.append(d)
+
+    def found(self, name: str) -> list[Definition]:
+        """The definitions `find` found of a name (its last part)."""
+        return list(self._by_name.get(last_name(name), ()))
 
     def cited(self, cited: str, written: str, start: int, end: int) -> Reference:
         path = self.file_of(written)
@@ -280,7 +284,7 @@ def _definitions(path: str, text: str) -> list[Definition]:
     ]
 
 
-def _last(name: str) -> str:
+def last_name(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
@@ -289,7 +293,7 @@ def _is_path(written: str) -> bool:
     return "/" in written or PurePosixPath(written).suffix.lower() in _FILE_SUFFIXES
 
 
-def _is_code(path: str) -> bool:
+def is_code(path: str) -> bool:
     return PurePosixPath(path).suffix.lower() in CODE_SUFFIXES
 
 

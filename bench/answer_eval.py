@@ -76,8 +76,11 @@ def expected_in_context(packed, path: str) -> str:
     return "full" if any(f.path == path for f in packed.files) else "absent"
 
 
-def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps, index) -> dict:
-    """One question (asked as `prompt`) through the product path; the answer graded."""
+def run_question(
+    engine, root: str, q, prompt, params, context_tokens, max_steps, index, check=True
+) -> dict:
+    """One question (asked as `prompt`) through the product path; the answer graded (and,
+    where the answer check asked again, the first answer too)."""
     from agentctx.ask import TurnLinks, new_session_messages, open_engine_session, run_turn
 
     out = Recorder(q.id)
@@ -89,7 +92,9 @@ def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps
             engine, root, prompt, params, context_tokens, out, "repo"
         )
         es = open_engine_session(engine, None, out)
-        result = run_turn(engine, messages, params, out, root, "repo", max_steps, TurnLinks(es))
+        result = run_turn(
+            engine, messages, params, out, root, "repo", max_steps, TurnLinks(es), check
+        )
     except Exception as e:  # noqa: BLE001 (an engine or tool failure is this question's result)
         record.update(error=f"{type(e).__name__}: {e}", wall_s=time.perf_counter() - start)
         return record
@@ -103,6 +108,10 @@ def run_question(engine, root: str, q, prompt, params, context_tokens, max_steps
         for c in step.calls
     ]
     record.update(answer=result.answer, finish_reason=result.finish_reason)
+    if "answer_check" in result.usage:  # the answer that the check sent back
+        first = next(s for s in result.steps if not s.calls and s.after)
+        record["checked"] = {"faults": result.usage["answer_check"], "first_answer": first.content,
+                             "kept_first": result.usage["answer_check_kept_first"]}  # fmt: skip
     grade_record(record, q, index, root)
     record.update(
         tool_calls=calls,
@@ -131,6 +140,13 @@ def grade_record(record: dict, q, index: RepoIndex, root: str, regrading: bool =
     shown = grade(f"{record['answer']}\n\n{record['references']}", expected, index, q.facts)
     shown.citations = text.citations
     record["grade"], record["grade_with_references"] = text.to_dict(), shown.to_dict()
+    checked = record.get("checked")
+    if checked:  # the first answer as `ask --no-check` would have shown it
+        first = checked["first_answer"]
+        refs = render(for_answer(first, root))
+        before = grade(f"{first}\n\n{refs}", expected, index, q.facts)
+        before.citations = grade(first, expected, index, q.facts).citations
+        checked["grade_with_references"] = before.to_dict()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -148,6 +164,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--excerpts", type=int, default=None,
                     help="definitions shown again before the question (default: packing's "
                     "agentctx.excerpts.MAX_EXCERPTS; 0: none, an ablation)")  # fmt: skip
+    ap.add_argument("--no-answer-check", dest="answer_check", action="store_false",
+                    help="keep every first answer (as `ask --no-check`; an ablation)")  # fmt: skip
     ap.add_argument("--repo", action="append", help="only these repositories (repeatable)")
     ap.add_argument("--only", default=None, help="only these question ids, comma-separated")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions selected")
@@ -236,7 +254,8 @@ def evaluate(args, qs, questions, roots: dict[str, Path], meta: dict) -> list[di
                        repo_tokens={n: _repo_tokens(engine, indexes[n]) for n in roots})  # fmt: skip
             for i, q in enumerate(todo, 1):
                 r = run_question(engine, str(roots[q.repo]), q, qs.prompt(q), params,
-                                 args.context_tokens, max_steps, indexes[q.repo])  # fmt: skip
+                                 args.context_tokens, max_steps, indexes[q.repo],
+                                 args.answer_check)  # fmt: skip
                 run["records"] = sorted([*run["records"], r], key=lambda r: order[r["id"]])
                 run["summary"] = summarize(run["records"])
                 _log(f"[{i}/{len(todo)}] {q.id}: " + _brief(r))

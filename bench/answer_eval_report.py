@@ -15,6 +15,7 @@ def summarize(records: list[dict]) -> dict:
     calls = [c for r in graded for c in r["tool_calls"]]
     ttft = [r["usage"]["ttft_s"] for r in graded if r["usage"].get("ttft_s") is not None]
     decode = [r["usage"]["decode_tok_s"] for r in graded if r["usage"].get("decode_tok_s")]
+    checked = [r for r in graded if "grade_with_references" in r.get("checked", {})]
     n = len(records)
     return {
         "questions": n,
@@ -35,6 +36,13 @@ def summarize(records: list[dict]) -> dict:
         # calls the product's parser found malformed (its usage counts them; absent: 0)
         "tool_calls_malformed": sum(r["usage"].get("tool_calls_malformed", 0) for r in graded),
         "expected_file_in_full": sum("full" in r["expected_file"] for r in graded),
+        # answers the files contradicted, asked again once (agentctx.answer_check): how many,
+        # and how many of them were correct as shown before and after
+        "answers_checked": len(checked),
+        "checked_correct_before": sum(
+            r["checked"]["grade_with_references"]["correct"] for r in checked
+        ),  # fmt: skip
+        "checked_correct_after": sum(_shown(r)["correct"] for r in checked),
         "ttft_s_mean": round(statistics.mean(ttft), 2) if ttft else None,
         "decode_tok_s_median": round(statistics.median(decode), 2) if decode else None,
         "wall_s": round(sum(r["wall_s"] for r in records), 1),
@@ -54,8 +62,9 @@ def markdown(runs: list[dict], meta: dict) -> str:
         "| model | weights | correct, as shown (with references) | correct, the model's text "
         "| file named (text / shown) | symbol named (text / shown) | citations resolve "
         "| tool calls ok/made (questions using tools) | expected file packed in full "
+        "| answers checked (correct before -> after) "
         "| TTFT mean (s) | decode tok/s (median) | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         s = run["summary"]
@@ -68,7 +77,9 @@ def markdown(runs: list[dict], meta: dict) -> str:
             f"| {_pct(s['citations_resolved'], s['citations'])}"
             f" ({s['citations_unchecked']} unchecked) "
             f"| {s['tool_calls_ok']}/{s['tool_calls']} ({s['questions_with_tools']}) "
-            f"| {_pct(s['expected_file_in_full'], n)} | {s['ttft_s_mean']} "
+            f"| {_pct(s['expected_file_in_full'], n)} "
+            f"| {s.get('answers_checked', 0)} ({s.get('checked_correct_before', 0)} -> "
+            f"{s.get('checked_correct_after', 0)}) | {s['ttft_s_mean']} "
             f"| {s['decode_tok_s_median']} | {s['wall_s']} |"
         )
     for run in runs:

@@ -23,6 +23,7 @@ from agentctx.agent import (
     tool_messages,
     with_tool_prompt,
 )
+from agentctx.answer_check import revise
 from agentctx.ask import TurnResult
 
 
@@ -97,7 +98,8 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
     fmt, names, tools, convo = turn_prompt(backend, turn, turn.messages)
     steps, totals, max_steps = [], Totals(), turn.max_steps
     question, final, retried = question_of(turn.messages), False, False
-    for step_no in range(max_steps + 2):
+    checking, revision = turn.check and turn.kind == "repo", None  # agentctx.answer_check
+    for step_no in range(max_steps + 3):
         tokens = None
         if step_no:  # a tool step's results may fill the window: leave earlier turns out
             convo, tokens = fit_step(backend, convo, tools, turn, output)
@@ -126,6 +128,12 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
             if links.record is not None:
                 links.record.step(step)
             continue
+        if checking and revision is None and reason == "stop" and not calls and question:
+            revision = revise(content, question, turn.root, steps, convo, output, links.record)
+            if revision.faults:
+                continue
+        if revision is not None and revision.faults and reason == "stop" and not calls:
+            content = revision.settle(content, output)
         if reason == "cancelled" or not calls or must_answer:
             if calls and reason != "cancelled":
                 reason = "step_limit"
@@ -134,6 +142,8 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
             usage = totals.usage(reply, prompt_tokens)
             if steps:
                 usage["steps"] = len(steps) + 1
+            if revision is not None:
+                usage.update(revision.usage())
             if fmt:
                 made = [c for s in steps for c in s.calls]
                 usage.update(call_counts(made + (calls if reason == "step_limit" else [])))
@@ -150,7 +160,7 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
             convo.append({"role": "user", "content": step.after})
         if links.record is not None:
             links.record.step(step)
-    raise AssertionError("unreachable")  # the loop returns by step max_steps + 1
+    raise AssertionError("unreachable")  # the loop returns by step max_steps + 2
 
 
 def stream_step(chunks, output, record, visible, handle) -> tuple[object, float | None, bool]:

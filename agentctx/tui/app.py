@@ -34,6 +34,7 @@ class AgentApp(App):
     .assistant { margin: 0; padding: 0; }
     .assistant.interrupted { border-left: thick $warning; }
     .info, .summary { color: $text-muted; }
+    .check { color: $warning; }
     .tool { margin: 0; padding: 0; border: none; background: $boost; }
     .tool-error CollapsibleTitle { color: $error; }
     .tool-output { color: $text-muted; }

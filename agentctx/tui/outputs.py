@@ -60,6 +60,17 @@ class TurnOutput:
 
     def tool_result(self, call) -> None:
         self.post(ToolCalled(call.label(), call.output, call.error is not None))
+        self._next_step()
+
+    def revising(self, line: str) -> None:
+        """The answer so far was checked against the files and is asked for again: it stays
+        in the log as it is, the line says why, and the new answer gets a block of its own."""
+        if self.text_so_far:
+            self.post(self._update(time.perf_counter()))
+        self.post(LogMessage(line, "check"))
+        self._next_step()
+
+    def _next_step(self) -> None:
         self.text_so_far, self.start = "", time.perf_counter()
         self.tokens, self.first = 0, 0.0
 

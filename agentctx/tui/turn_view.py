@@ -22,6 +22,8 @@ class TurnView:
     ...)."""
 
     def on_log_message(self, event: LogMessage) -> None:
+        if event.kind == "check":  # (agentctx.answer_check) the next text is a new answer
+            self.log_view.end_answer("complete")
         self.log_view.add_line(event.text, event.kind, event.markdown)
 
     def on_prefill_update(self, event: PrefillUpdate) -> None:

@@ -188,13 +188,17 @@ def test_regrade_grades_stored_answers_again(tmp_path):
             {"id": "json-04", "repo": "json", "question": "?", "tool_calls": [],
              "answer": "It is `py_scanstring`, at json/scanner.py:73.", "expected_file": ["full"],
              "usage": {}, "wall_s": 1.0, "grade": {"correct": True}},
+            {"id": "json-02", "repo": "json", "question": "?", "tool_calls": [],
+             "answer": "`detect_encoding` returns 'utf-8-sig' (json/__init__.py:244).",
+             "expected_file": ["full"], "usage": {}, "wall_s": 1.0,
+             "checked": {"faults": ["..."], "first_answer": "'utf-8-sig', at json/x.py:9"}},
         ]}]}  # fmt: skip
     path = tmp_path / "r.json"
     path.write_text(json.dumps(stored))
     done = run_eval("--regrade", str(path), "--json", str(path))
     assert done.returncode == 0, done.stderr
     data = json.loads(path.read_text())
-    first, second, third = data["runs"][0]["records"]
+    first, second, third, fourth = data["runs"][0]["records"]
     assert first["grade"]["correct"] and not second["grade"]["correct"]
     assert second["grade_with_references"]["correct"]  # JSONDecodeError's file, listed
     # the model's text names the function and the wrong file; its references, computed now
@@ -208,8 +212,14 @@ def test_regrade_grades_stored_answers_again(tmp_path):
     # citations are the model's: json/scanner.py:73 does not hold py_scanstring
     assert third["grade_with_references"]["citations"] == third["grade"]["citations"]
     assert third["grade"]["citations_resolved"] == 0
+    # an answer the check asked again: the first answer is graded too, as it was shown
+    assert fourth["grade_with_references"]["correct"]
+    assert not fourth["checked"]["grade_with_references"]["correct"]
     summary = data["runs"][0]["summary"]
-    assert (summary["correct"], summary["correct_with_references"]) == (1, 3)
+    assert (summary["correct"], summary["correct_with_references"]) == (2, 4)
+    assert summary["answers_checked"] == 1
+    assert (summary["checked_correct_before"], summary["checked_correct_after"]) == (0, 1)
+    assert "| 1 (0 -> 1) |" in markdown(data["runs"], data["meta"])
     assert "regraded_by" in data["meta"]
     (tmp_path / "bad.json").write_text("[]")
     bad = run_eval("--regrade", str(tmp_path / "bad.json"))

@@ -1,0 +1,199 @@
+"""An answer about a repository, checked against the repository before it is final.
+
+A small model's wrong answers about code are often wrong in ways the files show at once: a
+`path:line` past the end of its file, or on a line no class or function holds; a function
+named that the repository never defines; or, asked which function does something, no
+function at all. When an answer has such a fault, the turn goes on one step: the model is
+shown what the files say (the faults, and where each line it cited actually lands, from
+agentctx.references) and asked the question again. Once per turn: the new answer stands
+when the same check finds fewer faults in it, else the first does; the references of the
+one that stands are shown under it as usual.
+
+An answer with none of these faults is never sent back: a right answer is not put at risk
+for a check that has nothing to say.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agentctx.references import MAX_FILE_BYTES, Index, is_code, last_name, references
+from tools.errors import ToolError
+from tools.repo_files import list_files, read_text
+
+# the question asks for a definition: "which function", "where is X defined", ...
+_ASKS_FOR_CODE = re.compile(
+    r"\b(?:functions?|methods?|class(?:es)?|decorators?|defined?|definitions?|implement\w*)\b",
+    re.I,
+)
+_KIND = r"(?:function|method|class|decorator)"
+_NAME = r"[A-Za-z_][\w.]*"
+# a name the answer calls a function, method, class or decorator: "the `foo` function",
+# "function `foo`", "def foo(", "class Foo"
+_CLAIMED = re.compile(
+    rf"`({_NAME})(?:\(\))?`\s+{_KIND}\b"
+    rf"|\b{_KIND}\s+(?:named\s+|called\s+)?`({_NAME})(?:\(\))?`"
+    rf"|\bdef\s+({_NAME})\(|\bclass\s+([A-Z]\w*)"
+)
+_BUILTINS = frozenset(dir(builtins))
+MAX_SHOWN = 2  # places a name is assigned at, shown to the model
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What the files say against an answer: `faults`, each a line the model is shown (no
+    faults: the answer stands); `facts`, where each line it cited lands."""
+
+    faults: list[str]
+    facts: list[str]
+
+    def prompt(self, question: str) -> str:
+        """The user message that asks the question again (sent without the answer it
+        checked: a small model shown its own answer writes it again)."""
+        lines = ["An answer to this question was checked against the repository's files:"]
+        lines += [f"- {line}" for line in self.faults + self.facts]
+        lines.append(
+            "Answer all that the question asks, with this in mind, and name the function or "
+            "class that does it, with its file and line as the files show them. Use a tool "
+            f"to read the code if you need to. The question: {question}"
+        )
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line for the user: why the answer is asked again."""
+        return "checked against the files: " + "; ".join(self.faults) + "; answering again"
+
+
+def check(answer: str, question: str, root: str | None) -> Check | None:
+    """The faults of `answer` about the repository at `root` (None: nothing to say, or the
+    repository cannot be listed now; a check never fails its turn)."""
+    if not root or not answer.strip():
+        return None
+    try:
+        return _check(answer, question, root)
+    except (ToolError, OSError):
+        return None
+
+
+def _check(answer: str, question: str, root: str) -> Check | None:
+    files = list_files(root)
+    refs = references(answer, root, files)
+    faults = [r.line() for r in refs if r.definition is None]
+    cited = [r for r in refs if r.definition is not None and r.cited]
+    facts = [r.line() for r in cited]
+    claimed = _claimed(answer)
+    if claimed:
+        index = Index(root, files)
+        index.find({last_name(n) for n in claimed})
+        undefined = [n for n in claimed if not index.found(n)]
+        faults += [_undefined(n, root, files) for n in undefined]
+        defined = [n for n in claimed if n not in undefined]
+        faults += _elsewhere(defined, cited, index)
+    names_one = any(r.definition is not None for r in refs)
+    if not faults and not names_one and _ASKS_FOR_CODE.search(question):
+        faults.append("the answer names no class or function that the repository defines")
+    return Check(faults, facts) if faults else None
+
+
+def _claimed(answer: str) -> list[str]:
+    """The names the answer calls a function, method, class or decorator, each once;
+    Python's builtins left out (the answer may say what a function raises or calls)."""
+    out: list[str] = []
+    for m in _CLAIMED.finditer(answer):
+        name = next(g for g in m.groups() if g).strip(".")
+        if name and last_name(name) not in _BUILTINS and name not in out:
+            out.append(name)
+    return out
+
+
+def _elsewhere(claimed: list[str], cited: list, index: Index) -> list[str]:
+    """A fault when every name the answer calls a function or class is defined somewhere
+    other than every line it cites: the answer's name and its citation disagree."""
+    if not claimed or not cited:
+        return []
+    held = {part for r in cited for part in r.definition.name.split(".")}
+    if any(last_name(n) in held for n in claimed):
+        return []
+    out = []
+    for name in claimed:
+        spans = ", ".join(f"{d.path}:{d.start}" for d in index.found(name)[:MAX_SHOWN])
+        where = "; ".join(f"{r.cited} is in `{r.definition.name}`" for r in cited)
+        out.append(f"`{name}` is defined at {spans}, not where the answer cites it ({where})")
+    return out
+
+
+def _undefined(name: str, root: str, files: list[str]) -> str:
+    """The fault of a claimed name no class or function of the repository has: where it is
+    assigned instead (`self.parse_object = JSONObject`), or that it is defined nowhere."""
+    last = re.escape(last_name(name))
+    assigned = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{last}[ \t]*(?::[^=\n]*)?=(?!=).*$", re.M)
+    places: list[str] = []
+    for path in files:
+        if len(places) >= MAX_SHOWN or not is_code(path):
+            continue
+        try:
+            text = read_text(root, path, MAX_FILE_BYTES)
+        except (ToolError, OSError):
+            continue
+        for m in assigned.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            places.append(f"{path}:{line} `{m.group(0).strip()[:120]}`")
+    if places:
+        where = "; ".join(places[:MAX_SHOWN])
+        return f"`{name}` is no class or function of the repository: it is assigned at {where}"
+    return f"`{name}` is defined nowhere in the repository"
+
+
+@dataclass(slots=True)
+class Revision:
+    """A turn's answer check: the faults of its first answer ([]: it stands), the step that
+    keeps that answer, and whether the first answer stood after all (`settle`)."""
+
+    question: str
+    root: str | None
+    faults: list[str]
+    step: Any = None  # agentctx.agent.ToolStep
+    kept_first: bool = False
+
+    def settle(self, answer: str, output) -> str:
+        """The answer that stands: the new one, unless the files contradict it as much as
+        the first (a small model asked again may write the question back, or the same
+        fault): then the first, and `output` is told."""
+        again = check(answer, self.question, self.root) if answer.strip() else None
+        if answer.strip() and (again is None or len(again.faults) < len(self.faults)):
+            return answer
+        self.kept_first = True
+        why = "; ".join(again.faults) if again is not None else "it is empty"
+        output.info(f"the new answer is no better by the files ({why}): the first one stands")
+        return self.step.content
+
+    def usage(self) -> dict:
+        """What the turn's usage record says of the check (nothing when it passed)."""
+        if not self.faults:
+            return {}
+        return {"answer_check": self.faults, "answer_check_kept_first": self.kept_first}
+
+
+def revise(content, question, root, steps, convo, output, record) -> Revision:
+    """The check of a turn's answer (Revision; no faults: it stands). With faults, the
+    answer is kept as a step of its own (the record stores it, then what the model is
+    told), and the next step's prompt asks the question again with what the files say,
+    after the prompt the answer came from: without the answer itself, which a small model
+    given greedy decoding copies word for word (Qwen2.5-Coder-1.5B did, 6 answers of 6,
+    with the answer left in)."""
+    from agentctx.agent import ToolStep
+
+    found = check(content, question, root)
+    if found is None:
+        return Revision(question, root, [])
+    step = ToolStep(content, [], after=found.prompt(question))
+    steps.append(step)
+    convo.append({"role": "user", "content": step.after})
+    revising = getattr(output, "revising", None)
+    (revising or output.info)(found.summary())
+    if record is not None:
+        record.step(step)
+    return Revision(question, root, found.faults, step)

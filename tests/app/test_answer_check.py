@@ -1,0 +1,251 @@
+"""The answer check (agentctx.answer_check): which answers about a real git repository the
+files contradict, what the model is then told, and the turn that asks once more (the
+scripted model's replies through agentctx.ask.run_turn, stored in a real SQLite store)."""
+
+from __future__ import annotations
+
+import git
+import pytest
+from transformers import AutoTokenizer
+
+from agentctx.agent import question_of
+from agentctx.answer_check import check
+from agentctx.ask import history_messages, run_turn
+from agentctx.conversation import Turn
+from agentctx.turn_record import save_turn
+from engine import SamplingParams
+from engine.loading.loader import resolve_source
+from sessions.store import SessionStore
+from tests.app.scripted import ScriptedEngine
+from tests.app.tool_templates import HERMES
+
+DECODER = '''"""A decoder."""
+
+import re
+
+
+def scan_string(s, end):
+    """Scan a string."""
+    return s[end:]
+
+
+class Decoder:
+    def __init__(self, hook=None):
+        self.hook = hook
+        self.parse_members = parse_object
+
+    def decode(self, s):
+        return self.parse_members(s)
+
+
+def parse_object(s, hook):
+    """Parse an object's members and apply the hook."""
+    return hook(s)
+'''
+
+
+@pytest.fixture
+def lib(tmp_path):
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "decoder.py").write_text(DECODER)
+    (root / "README.md").write_text("# lib\n\nA decoder library.\n")
+    r = git.Repo.init(root)
+    r.index.add(["pkg/decoder.py", "README.md"])
+    r.index.commit("initial")
+    return root
+
+
+ASKS = "Which function parses an object's members and applies the hook?"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "`parse_object` in pkg/decoder.py:20 parses the members and applies the hook.",
+        "The `parse_object` function (pkg/decoder.py:20-22) does it.",
+        "It is Decoder.decode, at pkg/decoder.py:16.",  # wrong, but the files agree with it
+        "parse_object does it.",
+    ],
+)
+def test_an_answer_the_files_agree_with_passes(lib, answer):
+    assert check(answer, ASKS, str(lib)) is None
+
+
+def test_a_citation_past_the_end_of_its_file(lib):
+    found = check("`parse_object`, at pkg/decoder.py:153-172.", ASKS, str(lib))
+    assert found.faults == ["pkg/decoder.py:153-172: pkg/decoder.py has 22 lines"]
+
+
+def test_a_citation_of_lines_no_definition_holds(lib):
+    found = check("It is at pkg/decoder.py:3.", ASKS, str(lib))
+    assert found.faults[0] == "pkg/decoder.py:3: no class or function holds these lines"
+
+
+def test_a_function_the_repository_only_assigns_shows_where(lib):
+    """`parse_members` is an attribute set to parse_object: the model is shown that line,
+    which names the function it meant."""
+    found = check("The `parse_members` function does it.", ASKS, str(lib))
+    assert found.faults == [
+        "`parse_members` is no class or function of the repository: it is assigned at "
+        "pkg/decoder.py:14 `self.parse_members = parse_object`"
+    ]
+
+
+def test_a_function_defined_nowhere(lib):
+    found = check("The function `parse_json_object` in pkg/decoder.py.", ASKS, str(lib))
+    assert found.faults == ["`parse_json_object` is defined nowhere in the repository"]
+
+
+def test_builtins_and_words_after_class_are_not_claims(lib):
+    """ "raises a `ValueError`", "the function `print`", "the class that ..." claim no
+    definition of the repository."""
+    answer = (
+        "The class that does it is `Decoder`, whose `decode` method calls the function "
+        "`print`, and `ValueError` is raised (pkg/decoder.py:16)."
+    )
+    assert check(answer, ASKS, str(lib)) is None
+
+
+def test_a_name_and_a_citation_that_disagree(lib):
+    found = check("The `parse_object` function, at pkg/decoder.py:7.", ASKS, str(lib))
+    assert found.faults == [
+        "`parse_object` is defined at pkg/decoder.py:20, not where the answer cites it "
+        "(pkg/decoder.py:7 is in `scan_string`)"
+    ]
+    assert found.facts == ["pkg/decoder.py:7 is in `scan_string`  pkg/decoder.py:6-8"]
+
+
+def test_no_definition_named_where_the_question_asks_for_one(lib):
+    found = check("It returns 'utf-8-sig', in pkg/decoder.py.", ASKS, str(lib))
+    assert found.faults == ["the answer names no class or function that the repository defines"]
+    # a question that asks for no definition is answered in words
+    assert check("A decoder library.", "What does this repository do?", str(lib)) is None
+
+
+def test_nothing_to_check_without_a_root_or_an_answer(lib, tmp_path):
+    assert check("It is at pkg/decoder.py:99.", ASKS, None) is None
+    assert check("   ", ASKS, str(lib)) is None
+    assert check("It is at pkg/decoder.py:99.", ASKS, str(tmp_path / "gone")) is None
+
+
+def test_the_prompt_says_what_the_files_say_and_asks_again(lib):
+    found = check("The `parse_object` function, at pkg/decoder.py:7.", ASKS, str(lib))
+    prompt = found.prompt(ASKS)
+    assert prompt.startswith(
+        "An answer to this question was checked against the repository's files:\n"
+        "- `parse_object` is"
+    )
+    assert "- pkg/decoder.py:7 is in `scan_string`" in prompt
+    assert prompt.endswith(f"The question: {ASKS}")
+    assert found.summary().startswith("checked against the files: `parse_object` is defined")
+
+
+# -- the turn -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(agentctx_home):
+    return AutoTokenizer.from_pretrained(resolve_source(None).path)
+
+
+MESSAGES = [
+    {"role": "system", "content": "You answer questions about a repository."},
+    {"role": "user", "content": ASKS},
+]
+WRONG = "The `parse_members` function, at pkg/decoder.py:40."
+RIGHT = "`parse_object`, at pkg/decoder.py:20-22."
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.shown, self.lines = "", []
+
+    def info(self, line):
+        self.lines.append(line)
+
+    def prefill(self, done, total):
+        pass
+
+    def text(self, delta):
+        self.shown += delta
+
+    def tool_call(self, call):
+        pass
+
+    def tool_result(self, call):
+        pass
+
+
+def test_a_contradicted_answer_is_asked_again_once_and_stored_whole(tokenizer, lib, tmp_path):
+    engine = ScriptedEngine(tokenizer, HERMES, [WRONG, RIGHT])
+    out = Recorder()
+    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), check=True)
+    assert result.answer == RIGHT and result.finish_reason == "stop"
+    assert result.usage["answer_check_kept_first"] is False
+    assert result.usage["answer_check"] == [
+        "pkg/decoder.py:40: pkg/decoder.py has 22 lines",
+        "`parse_members` is no class or function of the repository: it is assigned at "
+        "pkg/decoder.py:14 `self.parse_members = parse_object`",
+    ]
+    assert out.shown == WRONG + RIGHT and out.lines[-1].startswith("checked against the files")
+    (step,) = result.steps
+    assert step.content == WRONG and step.calls == [] and ASKS in step.after
+    second = engine.prompt_text(1)  # the first prompt, then what the files say
+    assert second.startswith(engine.prompt_text(0).rsplit("<|im_start|>assistant", 1)[0])
+    assert "checked against the repository's files:" in second and WRONG not in second
+    assert len(engine.prompts) == 2
+    with SessionStore(tmp_path / "s.db") as store:
+        turn = Turn(question_of(MESSAGES), str(lib), messages=MESSAGES, result=result)
+        turn.status = "complete"
+        session = save_turn(store, turn)
+        history = history_messages(store, session.id)
+    assert [(m["role"], m["content"]) for m in history[-3:]] == [
+        ("assistant", WRONG), ("user", step.after), ("assistant", RIGHT)
+    ]  # fmt: skip
+
+
+def test_a_right_answer_is_not_sent_back(tokenizer, lib):
+    engine = ScriptedEngine(tokenizer, HERMES, [RIGHT, "never"])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), check=True)
+    assert result.answer == RIGHT and result.steps == [] and "answer_check" not in result.usage
+    assert len(engine.prompts) == 1
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        WRONG,  # the same faults again
+        ASKS,  # the question written back (the 0.5B did): no definition named
+        "",
+    ],
+)
+def test_a_new_answer_no_better_by_the_files_leaves_the_first(tokenizer, lib, second):
+    """Asked once more, never twice; the new answer stands only with fewer faults."""
+    first = "`parse_object`, at pkg/decoder.py:20-22; see also pkg/decoder.py:99."
+    engine = ScriptedEngine(tokenizer, HERMES, [first, second, "never"])
+    out = Recorder()
+    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), check=True)
+    assert result.answer == first and len(engine.prompts) == 2
+    assert result.usage["answer_check_kept_first"] is True
+    assert out.lines[-1].startswith("the new answer is no better by the files (")
+    assert out.lines[-1].endswith("): the first one stands")
+    assert result.token_ids is None  # the ids streamed last are the new answer's
+
+
+def test_without_check_the_first_answer_stands(tokenizer, lib):
+    engine = ScriptedEngine(tokenizer, HERMES, [WRONG, RIGHT])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib))
+    assert result.answer == WRONG and len(engine.prompts) == 1
+    engine = ScriptedEngine(tokenizer, HERMES, [WRONG, RIGHT])  # a book is not checked
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), "book", check=True)
+    assert result.answer == WRONG
+
+
+def test_the_revised_answer_may_call_tools(tokenizer, lib):
+    call = '<tool_call>{"name": "read_file", "arguments": {"path": "pkg/decoder.py"}}</tool_call>'
+    engine = ScriptedEngine(tokenizer, HERMES, [WRONG, call, RIGHT])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), check=True)
+    assert result.answer == RIGHT
+    assert [len(s.calls) for s in result.steps] == [0, 1]
+    assert "def parse_object" in result.steps[1].calls[0].result
