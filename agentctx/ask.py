@@ -86,11 +86,14 @@ class TurnLinks:
     """What a running turn is tied to besides its output: `session`, an engine session
     (engine.open_session) whose pinned KV the steps reuse; `record`, an
     agentctx.turn_record.TurnRecord that stores the answer as it streams; `on_stream`,
-    called with each step's stream, so the caller can cancel it."""
+    called with each step's stream, so the caller can cancel it; `check`, whether an
+    answer about a repository that its files contradict is asked for once more
+    (agentctx.answer_check)."""
 
     session: Any = None
     record: Any = None
     on_stream: Callable[[Any], None] | None = None
+    check: bool = False
 
 
 def run_turn(
@@ -102,15 +105,13 @@ def run_turn(
     kind: str = "repo",
     max_steps: int = DEFAULT_MAX_STEPS,
     links: TurnLinks | None = None,
-    check: bool = False,
 ) -> TurnResult:
     """One turn: stream the answer to `output`, calling tools first when the model's chat
     template takes them (see agentctx.agent). Ctrl-C cancels generation; the partial answer
     is kept and KeyboardInterrupt is raised again with it attached (`.partial`). A stream
     cancelled from another thread (the TUI's Esc) ends the turn with reason "cancelled".
-    `links`: the engine session, the record and the stream callback (TurnLinks). With
-    `check`, an answer about a repository that the files contradict is asked for once more
-    (agentctx.answer_check)."""
+    `links`: the engine session, the record, the stream callback and the answer check
+    (TurnLinks)."""
     from agentctx.agent import (
         ANSWER_NOW,
         ToolStep,
@@ -138,7 +139,7 @@ def run_turn(
         convo = with_tool_prompt(convo, kind, fmt)
     retried = False  # a step that had to be the answer but only called tools, asked again
     reprompted = False  # an empty answer after tool results, asked again
-    checking, revision = check and kind == "repo", None  # agentctx.answer_check
+    checking, revision = links.check and kind == "repo", None  # agentctx.answer_check
     for step_no in range(max_steps + 4):
         ids = engine.chat_tokens(convo, tools=tools)
         if step_no and len(ids) + params.max_tokens > engine.max_model_len:  # tool results

@@ -87,7 +87,7 @@ class EmbeddedBackend(Backend):
 
         return run_turn(
             self.engine, turn.messages, turn.params, output, turn.root, turn.kind,
-            turn.max_steps, links, turn.check,
+            turn.max_steps, links,
         )  # fmt: skip
 
     def prompt_tokens(self, turn, messages):

@@ -133,7 +133,8 @@ class Conversation:
         from agentctx.ask import TurnLinks
 
         try:
-            turn.result = self.backend.run(turn, output, TurnLinks(self.es, record, on_stream))
+            links = TurnLinks(self.es, record, on_stream, turn.check)
+            turn.result = self.backend.run(turn, output, links)
         except KeyboardInterrupt as e:  # the partial answer is stored: with the state too
             partial = getattr(e, "partial", None)
             if partial is not None and turn.compaction:

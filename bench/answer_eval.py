@@ -93,7 +93,7 @@ def run_question(
         )
         es = open_engine_session(engine, None, out)
         result = run_turn(
-            engine, messages, params, out, root, "repo", max_steps, TurnLinks(es), check
+            engine, messages, params, out, root, "repo", max_steps, TurnLinks(es, check=check)
         )
     except Exception as e:  # noqa: BLE001 (an engine or tool failure is this question's result)
         record.update(error=f"{type(e).__name__}: {e}", wall_s=time.perf_counter() - start)

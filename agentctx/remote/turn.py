@@ -98,7 +98,7 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
     fmt, names, tools, convo = turn_prompt(backend, turn, turn.messages)
     steps, totals, max_steps = [], Totals(), turn.max_steps
     question, final, retried = question_of(turn.messages), False, False
-    checking, revision = turn.check and turn.kind == "repo", None  # agentctx.answer_check
+    checking, revision = links.check and turn.kind == "repo", None  # agentctx.answer_check
     for step_no in range(max_steps + 3):
         tokens = None
         if step_no:  # a tool step's results may fill the window: leave earlier turns out

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from agentctx.agent import question_of
 from agentctx.answer_check import check
-from agentctx.ask import history_messages, run_turn
+from agentctx.ask import TurnLinks, history_messages, run_turn
 from agentctx.conversation import Turn
 from agentctx.turn_record import save_turn
 from engine import SamplingParams
@@ -153,6 +153,7 @@ MESSAGES = [
     {"role": "system", "content": "You answer questions about a repository."},
     {"role": "user", "content": ASKS},
 ]
+CHECKED = TurnLinks(check=True)
 WRONG = "The `parse_members` function, at pkg/decoder.py:40."
 RIGHT = "`parse_object`, at pkg/decoder.py:20-22."
 
@@ -180,7 +181,7 @@ class Recorder:
 def test_a_contradicted_answer_is_asked_again_once_and_stored_whole(tokenizer, lib, tmp_path):
     engine = ScriptedEngine(tokenizer, HERMES, [WRONG, RIGHT])
     out = Recorder()
-    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), check=True)
+    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), links=CHECKED)
     assert result.answer == RIGHT and result.finish_reason == "stop"
     assert result.usage["answer_check_kept_first"] is False
     assert result.usage["answer_check"] == [
@@ -207,7 +208,7 @@ def test_a_contradicted_answer_is_asked_again_once_and_stored_whole(tokenizer, l
 
 def test_a_right_answer_is_not_sent_back(tokenizer, lib):
     engine = ScriptedEngine(tokenizer, HERMES, [RIGHT, "never"])
-    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), check=True)
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), links=CHECKED)
     assert result.answer == RIGHT and result.steps == [] and "answer_check" not in result.usage
     assert len(engine.prompts) == 1
 
@@ -225,7 +226,7 @@ def test_a_new_answer_no_better_by_the_files_leaves_the_first(tokenizer, lib, se
     first = "`parse_object`, at pkg/decoder.py:20-22; see also pkg/decoder.py:99."
     engine = ScriptedEngine(tokenizer, HERMES, [first, second, "never"])
     out = Recorder()
-    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), check=True)
+    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), links=CHECKED)
     assert result.answer == first and len(engine.prompts) == 2
     assert result.usage["answer_check_kept_first"] is True
     assert out.lines[-1].startswith("the new answer is no better by the files (")
@@ -238,14 +239,16 @@ def test_without_check_the_first_answer_stands(tokenizer, lib):
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib))
     assert result.answer == WRONG and len(engine.prompts) == 1
     engine = ScriptedEngine(tokenizer, HERMES, [WRONG, RIGHT])  # a book is not checked
-    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), "book", check=True)
+    result = run_turn(
+        engine, MESSAGES, SamplingParams(), Recorder(), str(lib), "book", links=CHECKED
+    )
     assert result.answer == WRONG
 
 
 def test_the_revised_answer_may_call_tools(tokenizer, lib):
     call = '<tool_call>{"name": "read_file", "arguments": {"path": "pkg/decoder.py"}}</tool_call>'
     engine = ScriptedEngine(tokenizer, HERMES, [WRONG, call, RIGHT])
-    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), check=True)
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), links=CHECKED)
     assert result.answer == RIGHT
     assert [len(s.calls) for s in result.steps] == [0, 1]
     assert "def parse_object" in result.steps[1].calls[0].result
