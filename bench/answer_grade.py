@@ -34,6 +34,7 @@ _LINE_COUNT = re.compile(r"\s*lines?\b")
 _PATH = re.compile(r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w.-]*\w\.[A-Za-z]\w*)(?![\w/])")
 _DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?!\w)")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+_WORD_PAIR = re.compile(r"\w\w")
 _BACKTICKS = re.compile(r"`([^`\n]+)`")
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s?\(")
 _KEYWORD_AFTER = re.compile(r"\b(?:def|class|function|method|attribute)\s+`?([A-Za-z_]\w*)")
@@ -42,7 +43,8 @@ _KEYWORD_BEFORE = re.compile(r"([A-Za-z_]\w*)`?\s+(?:function|method|class|attri
 _NOT_CLAIMS = frozenset(
     ["self", "cls", "none", "true", "false", "return", "returns", "def", "class", "function",
      "method", "the", "a", "an", "in", "at", "of", "is", "it", "this", "that", "and", "or",
-     "to", "line", "lines", "file", "py"]
+     "to", "line", "lines", "file", "py", "are", "was", "were", "be", "can", "for", "from",
+     "with", "by", "as", "on", "which", "where", "here", "there", "you", "we", "its", "has"]
 )  # fmt: skip
 
 
@@ -226,6 +228,8 @@ def find_citations(answer: str, repo: RepoIndex) -> list[Citation]:
         before_from = max(line_start, m.start() - CLAIM_WINDOW)
         if i and matches[i - 1].end() > before_from:
             before_from = matches[i - 1].end()
+        while before_from > line_start and _WORD_PAIR.match(answer, before_from - 1):
+            before_from += 1  # the window starts at a word, not in one ("he" of "The")
         after_to = min(line_end, m.end() + CLAIM_WINDOW)
         if i + 1 < len(matches) and matches[i + 1].start() < after_to:
             after_to = matches[i + 1].start()

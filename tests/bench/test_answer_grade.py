@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.answer_eval_questions import RepoSpec, build_repo
-from bench.answer_grade import Expected, RepoIndex, claims_in, grade
+from bench.answer_grade import CLAIM_WINDOW, Expected, RepoIndex, claims_in, grade
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,12 @@ def test_each_citation_takes_the_identifiers_beside_it(json_repo):
     swapped = f"`loads` (json/__init__.py:{d}) calls `detect_encoding` (json/__init__.py:{loads})."
     assert not any(c.resolved for c in grade(swapped, DETECT, json_repo).citations)
 
+    # the window before a citation starts at a word: "he" of a cut "The" is no claim
+    pad = "x" * (CLAIM_WINDOW - len("he file and the class are `"))
+    (cite,) = grade(f"{pad}. The file and the class are `json/__init__.py:{d}`", DETECT,
+                    json_repo).citations  # fmt: skip
+    assert cite.claims == [] and cite.why == "unchecked"
+
 
 @pytest.mark.parametrize(
     "text, claims",
@@ -163,6 +169,8 @@ def test_each_citation_takes_the_identifiers_beside_it(json_repo):
         ("class JSONDecoder and py_scanstring", ["JSONDecoder", "py_scanstring"]),
         ("the decoder reads it", []),  # plain words claim nothing
         ("`self` and None", []),
+        ("The file and function are", []),  # words after "function" that name no code
+        ("the method which", []),
     ],
 )
 def test_claims(text, claims):
