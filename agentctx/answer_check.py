@@ -127,10 +127,12 @@ def _elsewhere(claimed: list[str], cited: list, index: Index) -> list[str]:
 
 def _undefined(name: str, root: str, files: list[str]) -> str:
     """The fault of a claimed name no class or function of the repository has: where it is
-    assigned instead (`self.parse_object = JSONObject`), or that it is defined nowhere."""
+    assigned instead (`self.parse_object = JSONObject`) and, when what it is assigned is a
+    definition of the repository, where that is; or that it is defined nowhere."""
     last = re.escape(last_name(name))
-    assigned = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{last}[ \t]*(?::[^=\n]*)?=(?!=).*$", re.M)
+    assigned = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{last}[ \t]*(?::[^=\n]*)?=(?!=)[ \t]*(.*)$", re.M)
     places: list[str] = []
+    values: list[str] = []  # the names assigned to it: `parse_object = JSONObject`
     for path in files:
         if len(places) >= MAX_SHOWN or not is_code(path):
             continue
@@ -141,10 +143,22 @@ def _undefined(name: str, root: str, files: list[str]) -> str:
         for m in assigned.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
             places.append(f"{path}:{line} `{m.group(0).strip()[:120]}`")
-    if places:
-        where = "; ".join(places[:MAX_SHOWN])
-        return f"`{name}` is no class or function of the repository: it is assigned at {where}"
-    return f"`{name}` is defined nowhere in the repository"
+            value = re.fullmatch(r"[A-Za-z_][\w.]*", m.group(1).strip())
+            if value and last_name(value.group(0)) not in values:
+                values.append(last_name(value.group(0)))
+    if not places:
+        return f"`{name}` is defined nowhere in the repository"
+    where = "; ".join(places[:MAX_SHOWN])
+    fault = f"`{name}` is no class or function of the repository: it is assigned at {where}"
+    index = Index(root, files)
+    index.find(set(values))
+    for value in values:
+        found = index.found(value)
+        if 0 < len(found) <= MAX_SHOWN and value != last_name(name):
+            spans = ", ".join(f"{d.path}:{d.start}-{d.end}" if d.end else f"{d.path}:{d.start}"
+                              for d in found)  # fmt: skip
+            fault += f", and `{found[0].name}` is defined at {spans}"
+    return fault
 
 
 @dataclass(slots=True)

@@ -88,7 +88,8 @@ def test_a_function_the_repository_only_assigns_shows_where(lib):
     found = check("The `parse_members` function does it.", ASKS, str(lib))
     assert found.faults == [
         "`parse_members` is no class or function of the repository: it is assigned at "
-        "pkg/decoder.py:14 `self.parse_members = parse_object`"
+        "pkg/decoder.py:14 `self.parse_members = parse_object`, and `parse_object` is defined "
+        "at pkg/decoder.py:20-22"
     ]
 
 
@@ -187,7 +188,8 @@ def test_a_contradicted_answer_is_asked_again_once_and_stored_whole(tokenizer, l
     assert result.usage["answer_check"] == [
         "pkg/decoder.py:40: pkg/decoder.py has 22 lines",
         "`parse_members` is no class or function of the repository: it is assigned at "
-        "pkg/decoder.py:14 `self.parse_members = parse_object`",
+        "pkg/decoder.py:14 `self.parse_members = parse_object`, and `parse_object` is defined "
+        "at pkg/decoder.py:20-22",
     ]
     assert out.shown == WRONG + RIGHT and out.lines[-1].startswith("checked against the files")
     (step,) = result.steps
