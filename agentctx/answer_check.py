@@ -20,7 +20,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentctx.references import MAX_FILE_BYTES, Index, is_code, last_name, references
+from agentctx.references import (
+    MAX_FILE_BYTES,
+    NO_DEFINITION,
+    Index,
+    is_code,
+    last_name,
+    references,
+)
 from tools.errors import ToolError
 from tools.repo_files import list_files, read_text
 
@@ -81,7 +88,8 @@ def check(answer: str, question: str, root: str | None) -> Check | None:
 def _check(answer: str, question: str, root: str) -> Check | None:
     files = list_files(root)
     refs = references(answer, root, files)
-    faults = [r.line() for r in refs if r.definition is None]
+    asks_for_code = bool(_ASKS_FOR_CODE.search(question))
+    faults = [r.line() for r in refs if r.definition is None and _unresolved(r, asks_for_code)]
     cited = [r for r in refs if r.definition is not None and r.cited]
     facts = [r.line() for r in cited]
     claimed = _claimed(answer)
@@ -93,9 +101,19 @@ def _check(answer: str, question: str, root: str) -> Check | None:
         defined = [n for n in claimed if n not in undefined]
         faults += _elsewhere(defined, cited, index)
     names_one = any(r.definition is not None for r in refs)
-    if not faults and not names_one and _ASKS_FOR_CODE.search(question):
+    if not faults and not names_one and asks_for_code:
         faults.append("the answer names no class or function that the repository defines")
     return Check(faults, facts) if faults else None
+
+
+def _unresolved(ref, asks_for_code: bool) -> bool:
+    """Whether a citation that resolves to no definition is a fault: a file that is not
+    there or lacks the line always; lines outside every definition only of a code file, and
+    only when the question asks for a definition (a README's line, or a module constant,
+    is a fine citation otherwise)."""
+    if ref.why != NO_DEFINITION:
+        return True
+    return asks_for_code and is_code(ref.cited.rsplit(":", 1)[0])
 
 
 def _claimed(answer: str) -> list[str]:

@@ -24,6 +24,7 @@ from tools.repo_files import list_files, read_text
 MAX_REFERENCES = 8  # a longer list buries the answer it annotates
 MAX_DEFINITIONS = 3  # a name defined in more places than this is not listed unqualified
 MAX_FILE_BYTES = 1_000_000
+NO_DEFINITION = "no class or function holds these lines"  # a citation's `why`
 _FILE_SUFFIXES = CODE_SUFFIXES | frozenset(
     [".md", ".rst", ".txt", ".json", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".html", ".css"]
 )
@@ -245,7 +246,7 @@ class Index:
             if d.end is not None and d.start <= end and start <= d.end
         ]  # fmt: skip
         if not holding:
-            return Reference(None, cited, "no class or function holds these lines")
+            return Reference(None, cited, NO_DEFINITION)
         # the innermost definition that holds the first cited line, else the first one cited
         inner = [d for d in holding if d.start <= start <= d.end]
         best = max(inner, key=lambda d: d.start) if inner else min(holding, key=lambda d: d.start)

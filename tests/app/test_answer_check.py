@@ -82,6 +82,16 @@ def test_a_citation_of_lines_no_definition_holds(lib):
     assert found.faults[0] == "pkg/decoder.py:3: no class or function holds these lines"
 
 
+def test_lines_outside_definitions_are_a_fault_only_of_code_asked_for(lib):
+    """A README's line, or a module's line when the question asks for no definition, is a
+    fine citation; a line past the end of any file never is."""
+    assert check("See README.md:3, and `parse_object`.", ASKS, str(lib)) is None
+    overview = "What does this repository do?"
+    assert check("A decoder library (README.md:3; pkg/decoder.py:3).", overview, str(lib)) is None
+    found = check("A decoder library (README.md:30).", overview, str(lib))
+    assert found.faults == ["README.md:30: README.md has 3 lines"]
+
+
 def test_a_function_the_repository_only_assigns_shows_where(lib):
     """`parse_members` is an attribute set to parse_object: the model is shown that line,
     which names the function it meant."""
