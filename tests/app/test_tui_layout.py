@@ -123,7 +123,7 @@ async def test_on_the_cpu_the_meter_leaves_out_gpu_figures(tokenizer, repo, stor
         assert "speculative decoding: 2.40 tokens a model step, 50% of the guessed" in line
 
 
-async def test_escape_ends_a_long_streaming_answer_within_half_a_second(tokenizer, repo, store):
+async def test_escape_ends_a_long_streaming_answer_within_a_second(tokenizer, repo, store):
     """The stream stops at its next token; the UI must not lag seconds behind it (each
     update of a long answer was rendered in full, in turn, and the turn's end waited behind
     them: 1.5 to 2.5 s here before)."""
@@ -142,7 +142,9 @@ async def test_escape_ends_a_long_streaming_answer_within_half_a_second(tokenize
         while app.busy and time.monotonic() - start < 10:
             await asyncio.sleep(0.005)
         took = time.monotonic() - start
-        assert not app.busy and took < 0.5, f"Esc took {took:.2f} s"
+        # 0.24-0.28 s alone; 0.83 s once inside the whole suite on a 2-core AMD EPYC: under a
+        # second still tells it from the lag this guards against (1.5-2.5 s)
+        assert not app.busy and took < 1.0, f"Esc took {took:.2f} s"
         await pilot.pause()
         assert store.messages(app.session.id)[-1].status == "interrupted"
 
