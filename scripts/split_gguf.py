@@ -8,7 +8,7 @@ sha256 of the whole is checked at the end (../shared/GPU.md, "Moving files large
 call allows").
 
     python scripts/split_gguf.py /work/models/qwen2.5-coder-0.5b-q4_k_m.gguf
-    python scripts/split_gguf.py MODEL.gguf --out .out/pieces --piece-mib 59 \
+    python scripts/split_gguf.py MODEL.gguf --out .out/pieces --piece-mib 56 \
         --stage /root/stage/model.gguf
 
 Writes, in --out (git-ignored: .out/ is in .gitignore):
@@ -32,7 +32,30 @@ from pathlib import Path
 
 MIB = 1 << 20
 MAX_PIECE_MIB = 60  # a call carries 64 MiB in all; the working tree needs a few of them
+CALL_MIB = 64  # what one device call carries: the working tree and the piece
+MARGIN_MIB = 1  # room for files added before the calls
 READ_CHUNK = 4 * MIB
+
+
+def tree_bytes(root: Path) -> int | None:
+    """The bytes of the working tree a device call carries (tracked files, and untracked
+    ones git does not ignore), or None outside a git checkout."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        return None
+    paths = [root / name for name in listed.stdout.decode().split("\0") if name]
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def auto_piece_mib(root: Path) -> float:
+    """The largest piece that fits one call beside the working tree at `root`."""
+    tree = tree_bytes(root) or 0
+    return min(MAX_PIECE_MIB, int(CALL_MIB - MARGIN_MIB - tree / MIB))
 
 
 def split(src: Path, out: Path, piece_bytes: int) -> dict:
@@ -83,15 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="the file to split (a .gguf)")
     ap.add_argument("--out", type=Path, default=Path(".out/pieces"), help="(git-ignored)")
-    ap.add_argument("--piece-mib", type=float, default=59.0,
-                    help=f"piece size in MiB, at most {MAX_PIECE_MIB} (59: a 491 MB GGUF in "
-                    "8 pieces, with room for a ~3 MiB working tree in each 64 MiB call)")  # fmt: skip
+    ap.add_argument("--piece-mib", type=float, default=None,
+                    help=f"piece size in MiB, at most {MAX_PIECE_MIB} (default: what a 64 MiB "
+                    "call leaves beside this checkout's working tree, less 1 MiB)")  # fmt: skip
     ap.add_argument("--stage", default="/root/stage/model.gguf",
                     help="where the device assembles the file (outside the repository copy)")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.src.is_file():
         print(f"split_gguf: no such file: {args.src}", file=sys.stderr)
         return 2
+    if args.piece_mib is None:
+        args.piece_mib = auto_piece_mib(Path.cwd())
     if not 0 < args.piece_mib <= MAX_PIECE_MIB:
         print(f"split_gguf: --piece-mib must be in (0, {MAX_PIECE_MIB}]", file=sys.stderr)
         return 2
@@ -109,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.pieces.json").write_text(json.dumps(manifest, indent=1) + "\n")
     n = len(manifest["pieces"])
     print(f"{args.src}: {manifest['size']:,} bytes, sha256 {manifest['sha256']}")
-    print(f"{n} pieces in {args.out}; one device call each, back to back:\n")
+    print(f"{n} pieces of at most {args.piece_mib:g} MiB in {args.out}; one device call each, "
+          "back to back:\n")  # fmt: skip
     for i, piece in enumerate(manifest["pieces"]):
         carry = (args.out / piece["name"]).as_posix()
         print(f"# call {i + 1}/{n}: carry [{carry!r}]  ({piece['size'] / MIB:.1f} MiB)")

@@ -55,3 +55,15 @@ def test_bad_input_is_one_line(tmp_path: Path, args: list[str]) -> None:
     r = run_split(*args, cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("split_gguf: ")
+
+
+def test_the_default_piece_leaves_room_for_the_working_tree(tmp_path: Path) -> None:
+    """A call carries 64 MiB: the working tree (tracked and untracked files git does not
+    ignore) and one piece; the default piece is what is left, less 1 MiB."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("m.gguf\n.out/\n")
+    (tmp_path / "tree.bin").write_bytes(os.urandom(5 * 1024 * 1024 + 1))  # untracked, kept
+    (tmp_path / "m.gguf").write_bytes(os.urandom(1024))  # ignored: not carried
+    r = run_split("m.gguf", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "pieces of at most 57 MiB" in r.stdout  # 64 - 1 - 5.x, rounded down
