@@ -39,11 +39,13 @@ _ASKS_FOR_CODE = re.compile(
 _KIND = r"(?:function|method|class|decorator)"
 _NAME = r"[A-Za-z_][\w.]*"
 # a name the answer calls a function, method, class or decorator: "the `foo` function",
-# "function `foo`", "def foo(", "class Foo"
+# "function `foo`", "def foo(", "class Foo", and the name a sentence about one comes to:
+# "The function that removes the styling is `foo`"
 _CLAIMED = re.compile(
     rf"`({_NAME})(?:\(\))?`\s+{_KIND}\b"
     rf"|\b{_KIND}\s+(?:named\s+|called\s+)?`({_NAME})(?:\(\))?`"
     rf"|\bdef\s+({_NAME})\(|\bclass\s+([A-Z]\w*)"
+    rf"|\b{_KIND}e?s?\b[^`\n.;]{{0,160}}?\b(?:is|are)\s+`({_NAME})(?:\(\))?`"
 )
 _BUILTINS = frozenset(dir(builtins))
 MAX_SHOWN = 2  # places a name is assigned at, shown to the model
@@ -52,7 +54,9 @@ MAX_SHOWN = 2  # places a name is assigned at, shown to the model
 @dataclass(frozen=True, slots=True)
 class Check:
     """What the files say against an answer: `faults`, each a line the model is shown (no
-    faults: the answer stands); `facts`, where each line it cited lands."""
+    faults: the answer stands); `facts`, where each line it cited lands and where each
+    definition it names is (a citation past its file's end is often the right lines of the
+    file that defines the name: the model is shown that file)."""
 
     faults: list[str]
     facts: list[str]
@@ -91,7 +95,12 @@ def _check(answer: str, question: str, root: str) -> Check | None:
     asks_for_code = bool(_ASKS_FOR_CODE.search(question))
     faults = [r.line() for r in refs if r.definition is None and _unresolved(r, asks_for_code)]
     cited = [r for r in refs if r.definition is not None and r.cited]
-    facts = [r.line() for r in cited]
+    # where each line it cited lands, then where each name it gives is defined
+    facts = [r.line() for r in cited] + [
+        f"`{r.definition.name}` is defined at {r.definition.span()}"
+        for r in refs
+        if r.definition is not None and not r.cited
+    ]
     claimed = _claimed(answer)
     if claimed:
         index = Index(root, files)
@@ -173,8 +182,7 @@ def _undefined(name: str, root: str, files: list[str]) -> str:
     for value in values:
         found = index.found(value)
         if 0 < len(found) <= MAX_SHOWN and value != last_name(name):
-            spans = ", ".join(f"{d.path}:{d.start}-{d.end}" if d.end else f"{d.path}:{d.start}"
-                              for d in found)  # fmt: skip
+            spans = ", ".join(d.span() for d in found)
             fault += f", and `{found[0].name}` is defined at {spans}"
     return fault
 

@@ -53,6 +53,11 @@ class Definition:
     start: int  # its first line (the first decorator's)
     end: int | None  # its last line; None where only its first is known (not Python)
 
+    def span(self) -> str:
+        """`path:first-last` (`path:first` where that is all that is known)."""
+        tail = f"-{self.end}" if self.end and self.end != self.start else ""
+        return f"{self.path}:{self.start}{tail}"
+
 
 @dataclass(frozen=True, slots=True)
 class Reference:
@@ -67,8 +72,7 @@ class Reference:
         d = self.definition
         if d is None:
             return f"{self.cited}: {self.why}"
-        span = f"{d.path}:{d.start}" + (f"-{d.end}" if d.end and d.end != d.start else "")
-        where = f"`{d.name}`  {span}"
+        where = f"`{d.name}`  {d.span()}"
         return f"{self.cited} is in {where}" if self.cited else where
 
     def data(self) -> dict:

@@ -73,8 +73,11 @@ def test_an_answer_the_files_agree_with_passes(lib, answer):
 
 
 def test_a_citation_past_the_end_of_its_file(lib):
+    """The model is shown where the name it gave is defined: such a citation is often the
+    right lines of another file."""
     found = check("`parse_object`, at pkg/decoder.py:153-172.", ASKS, str(lib))
     assert found.faults == ["pkg/decoder.py:153-172: pkg/decoder.py has 22 lines"]
+    assert found.facts == ["`parse_object` is defined at pkg/decoder.py:20-22"]
 
 
 def test_a_citation_of_lines_no_definition_holds(lib):
@@ -124,7 +127,28 @@ def test_a_name_and_a_citation_that_disagree(lib):
         "`parse_object` is defined at pkg/decoder.py:20, not where the answer cites it "
         "(pkg/decoder.py:7 is in `scan_string`)"
     ]
-    assert found.facts == ["pkg/decoder.py:7 is in `scan_string`  pkg/decoder.py:6-8"]
+    assert found.facts == [
+        "pkg/decoder.py:7 is in `scan_string`  pkg/decoder.py:6-8",
+        "`parse_object` is defined at pkg/decoder.py:20-22",
+    ]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "The function that parses the members is `parse_object`, at pkg/decoder.py:7.",
+        "The functions that do it are `parse_object()` (pkg/decoder.py:7-8).",
+    ],
+)
+def test_the_name_a_sentence_about_a_function_comes_to_is_a_claim(lib, answer):
+    found = check(answer, ASKS, str(lib))
+    assert found.faults == [
+        "`parse_object` is defined at pkg/decoder.py:20, not where the answer cites it "
+        f"({found.facts[0].split(' is in ')[0]} is in `scan_string`)"
+    ]
+    # a sentence that ends in another sentence's name claims nothing: "The function ... .
+    # It is `parse_object`" is no claim, and the citation is then the answer's only name
+    assert check("The function is here. It is `x` (pkg/decoder.py:7).", ASKS, str(lib)) is None
 
 
 def test_no_definition_named_where_the_question_asks_for_one(lib):
