@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agentctx import definition_facts
 from agentctx.references import (
     MAX_FILE_BYTES,
     NO_DEFINITION,
@@ -45,9 +46,13 @@ _CLAIMED = re.compile(
     rf"`({_NAME})(?:\(\))?`\s+{_KIND}\b"
     rf"|\b{_KIND}\s+(?:named\s+|called\s+)?`({_NAME})(?:\(\))?`"
     rf"|\bdef\s+({_NAME})\(|\bclass\s+([A-Z]\w*)"
-    rf"|\b{_KIND}e?s?\b[^`\n.;]{{0,160}}?\b(?:is|are)\s+`({_NAME})(?:\(\))?`"
+    rf"|\b{_KIND}e?s?\b[^\n.;]{{0,160}}?\b(?:is|are)\s+`({_NAME})(?:\(\))?`"
 )
 _BUILTINS = frozenset(dir(builtins))
+# a name the answer gives an exception: `UnknownBackendError`, "raises a UsageError"
+_EXCEPTION = re.compile(r"(?<![\w.])([A-Z]\w*(?:Error|Exception))\b")
+# the question asks what something returns, raises or yields
+_ASKS_WHAT = re.compile(r"\bwhat\b[^?]*?\b(return|raise|yield)s?\b", re.I)
 MAX_SHOWN = 2  # places a name is assigned at, shown to the model
 
 
@@ -60,6 +65,7 @@ class Check:
 
     faults: list[str]
     facts: list[str]
+    claims: list[str]  # the names it calls a class or function that the repository defines
 
     def prompt(self, question: str) -> str:
         """The user message that asks the question again (sent without the answer it
@@ -81,6 +87,13 @@ class Check:
 def check(answer: str, question: str, root: str | None) -> Check | None:
     """The faults of `answer` about the repository at `root` (None: nothing to say, or the
     repository cannot be listed now; a check never fails its turn)."""
+    found = inspect(answer, question, root)
+    return found if found is not None and found.faults else None
+
+
+def inspect(answer: str, question: str, root: str | None) -> Check | None:
+    """What the files say against `answer`, faults or none (None: no answer, or the
+    repository cannot be listed now)."""
     if not root or not answer.strip():
         return None
     try:
@@ -89,30 +102,48 @@ def check(answer: str, question: str, root: str | None) -> Check | None:
         return None
 
 
-def _check(answer: str, question: str, root: str) -> Check | None:
+def _check(answer: str, question: str, root: str) -> Check:
     files = list_files(root)
     refs = references(answer, root, files)
     asks_for_code = bool(_ASKS_FOR_CODE.search(question))
     faults = [r.line() for r in refs if r.definition is None and _unresolved(r, asks_for_code)]
     cited = [r for r in refs if r.definition is not None and r.cited]
-    # where each line it cited lands, then where each name it gives is defined
-    facts = [r.line() for r in cited] + [
-        f"`{r.definition.name}` is defined at {r.definition.span()}"
-        for r in refs
-        if r.definition is not None and not r.cited
-    ]
-    claimed = _claimed(answer)
-    if claimed:
-        index = Index(root, files)
-        index.find({last_name(n) for n in claimed})
-        undefined = [n for n in claimed if not index.found(n)]
-        faults += [_undefined(n, root, files) for n in undefined]
-        defined = [n for n in claimed if n not in undefined]
-        faults += _elsewhere(defined, cited, index)
+    claimed, exceptions = _claimed(answer), _exceptions(answer)
+    index = Index(root, files)
+    index.find({last_name(n) for n in claimed} | set(exceptions))
+    undefined = [n for n in claimed if not index.found(n)]
+    faults += [_undefined(n, root, files) for n in undefined]
+    defined = [n for n in claimed if n not in undefined]
+    faults += _elsewhere(defined, cited, index)
+    faults += [
+        f"`{e}` is no exception of the repository or of Python" for e in exceptions
+        if not index.found(e)
+    ]  # fmt: skip
+    verb = _ASKS_WHAT.search(question)
+    if verb and not re.search(rf"\b{verb.group(1)[:5]}", answer, re.I):
+        faults.append(f"the answer does not say what it {verb.group(1)}s, which the question asks")
     names_one = any(r.definition is not None for r in refs)
     if not faults and not names_one and asks_for_code:
         faults.append("the answer names no class or function that the repository defines")
-    return Check(faults, facts) if faults else None
+    return Check(faults, _facts(refs, index, question), defined)
+
+
+def _facts(refs: list, index: Index, question: str) -> list[str]:
+    """Where each line the answer cited lands, where each name it gave is defined, and what
+    those definitions' own lines say (their docstrings; their raise lines, when the question
+    asks what is raised)."""
+    raises = bool(re.search(r"\brais|\bexceptions?\b|\berrors?\b", question, re.I))
+    out = [r.line() for r in refs if r.definition is not None and r.cited]
+    out += [
+        f"`{r.definition.name}` is defined at {r.definition.span()}"
+        for r in refs if r.definition is not None and not r.cited
+    ]  # fmt: skip
+    seen = []
+    for r in refs:
+        if r.definition is not None and r.definition not in seen:
+            seen.append(r.definition)
+            out += definition_facts.facts(index, r.definition, raises)
+    return out
 
 
 def _unresolved(ref, asks_for_code: bool) -> bool:
@@ -136,6 +167,15 @@ def _claimed(answer: str) -> list[str]:
     return out
 
 
+def _exceptions(answer: str) -> list[str]:
+    """The names the answer writes that read as exceptions, Python's own left out."""
+    out: list[str] = []
+    for name in _EXCEPTION.findall(answer):
+        if name not in _BUILTINS and name not in out:
+            out.append(name)
+    return out
+
+
 def _elsewhere(claimed: list[str], cited: list, index: Index) -> list[str]:
     """A fault when every name the answer calls a function or class is defined somewhere
     other than every line it cites: the answer's name and its citation disagree."""
@@ -154,12 +194,12 @@ def _elsewhere(claimed: list[str], cited: list, index: Index) -> list[str]:
 
 def _undefined(name: str, root: str, files: list[str]) -> str:
     """The fault of a claimed name no class or function of the repository has: where it is
-    assigned instead (`self.parse_object = JSONObject`) and, when what it is assigned is a
-    definition of the repository, where that is; or that it is defined nowhere."""
+    assigned instead and, when what it is assigned is a definition of the repository, that
+    definition first (`self.parse_object = JSONObject`: the function meant is most likely
+    `JSONObject`); or that it is defined nowhere."""
     last = re.escape(last_name(name))
     assigned = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{last}[ \t]*(?::[^=\n]*)?=(?!=)[ \t]*(.*)$", re.M)
-    places: list[str] = []
-    values: list[str] = []  # the names assigned to it: `parse_object = JSONObject`
+    places: list[tuple[str, str]] = []  # (path:line `the assignment`, the name it assigns)
     for path in files:
         if len(places) >= MAX_SHOWN or not is_code(path):
             continue
@@ -169,22 +209,21 @@ def _undefined(name: str, root: str, files: list[str]) -> str:
             continue
         for m in assigned.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
-            places.append(f"{path}:{line} `{m.group(0).strip()[:120]}`")
             value = re.fullmatch(r"[A-Za-z_][\w.]*", m.group(1).strip())
-            if value and last_name(value.group(0)) not in values:
-                values.append(last_name(value.group(0)))
+            value = last_name(value.group(0)) if value else ""
+            places.append((f"{path}:{line} `{m.group(0).strip()[:120]}`", value))
     if not places:
         return f"`{name}` is defined nowhere in the repository"
-    where = "; ".join(places[:MAX_SHOWN])
-    fault = f"`{name}` is no class or function of the repository: it is assigned at {where}"
+    lead = f"`{name}` is no class or function of the repository"
     index = Index(root, files)
-    index.find(set(values))
-    for value in values:
-        found = index.found(value)
-        if 0 < len(found) <= MAX_SHOWN and value != last_name(name):
+    index.find({v for _, v in places if v and v != last_name(name)})
+    for place, value in places:
+        found = index.found(value) if value != last_name(name) else []
+        if 0 < len(found) <= MAX_SHOWN:
             spans = ", ".join(d.span() for d in found)
-            fault += f", and `{found[0].name}` is defined at {spans}"
-    return fault
+            return (f"{lead}: {place} assigns it `{found[0].name}`, the function or class it "
+                    f"stands for, defined at {spans}")  # fmt: skip
+    return f"{lead}: it is assigned at " + "; ".join(p for p, _ in places[:MAX_SHOWN])
 
 
 @dataclass(slots=True)
@@ -196,17 +235,21 @@ class Revision:
     root: str | None
     faults: list[str]
     step: Any = None  # agentctx.agent.ToolStep
+    claims: tuple[str, ...] = ()  # what the first answer calls a function of the repository
     kept_first: bool = False
 
     def settle(self, answer: str, output) -> str:
         """The answer that stands: the new one, unless the files contradict it as much as
         the first (a small model asked again may write the question back, or the same
-        fault): then the first, and `output` is told."""
-        again = check(answer, self.question, self.root) if answer.strip() else None
-        if answer.strip() and (again is None or len(again.faults) < len(self.faults)):
+        fault), or the first called a function of the repository by name and the new one
+        calls none (a small model may answer with the facts it was shown, "is
+        `click/_termui_impl.py:240`", which no longer says what was asked): then the
+        first, and `output` is told."""
+        again = inspect(answer, self.question, self.root) if answer.strip() else None
+        why = _worse(again, self) if answer.strip() else "it is empty"
+        if not why:
             return answer
         self.kept_first = True
-        why = "; ".join(again.faults) if again is not None else "it is empty"
         output.info(f"the new answer is no better by the files ({why}): the first one stands")
         return self.step.content
 
@@ -215,6 +258,19 @@ class Revision:
         if not self.faults:
             return {}
         return {"answer_check": self.faults, "answer_check_kept_first": self.kept_first}
+
+
+def _worse(again: Check | None, first: Revision) -> str:
+    """Why a new answer is no better than the first by the files ("": it is better, or
+    cannot be checked now)."""
+    if again is None:
+        return ""
+    if len(again.faults) >= len(first.faults):
+        return "; ".join(again.faults)
+    if first.claims and not again.claims:
+        named = ", ".join(f"`{n}`" for n in first.claims)
+        return f"it calls no function or class of the repository by name; the first named {named}"
+    return ""
 
 
 def revise(content, question, root, steps, convo, output, record) -> Revision:
@@ -236,4 +292,4 @@ def revise(content, question, root, steps, convo, output, record) -> Revision:
     (revising or output.info)(found.summary())
     if record is not None:
         record.step(step)
-    return Revision(question, root, found.faults, step)
+    return Revision(question, root, found.faults, step, tuple(found.claims))

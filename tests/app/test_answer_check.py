@@ -44,14 +44,35 @@ def parse_object(s, hook):
 '''
 
 
+LOADS = '''"""Loading."""
+
+
+class EmptyDocument(Exception):
+    """Raised for an empty document."""
+
+
+def loads(s):
+    """Decode a document.
+
+    More about it.
+    """
+    if not s:
+        raise EmptyDocument("empty")
+    if s[0] != "{":
+        raise ValueError(s[0])
+    return s
+'''
+
+
 @pytest.fixture
 def lib(tmp_path):
     root = tmp_path / "lib"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "decoder.py").write_text(DECODER)
+    (root / "pkg" / "loads.py").write_text(LOADS)
     (root / "README.md").write_text("# lib\n\nA decoder library.\n")
     r = git.Repo.init(root)
-    r.index.add(["pkg/decoder.py", "README.md"])
+    r.index.add(["pkg/decoder.py", "pkg/loads.py", "README.md"])
     r.index.commit("initial")
     return root
 
@@ -77,7 +98,11 @@ def test_a_citation_past_the_end_of_its_file(lib):
     right lines of another file."""
     found = check("`parse_object`, at pkg/decoder.py:153-172.", ASKS, str(lib))
     assert found.faults == ["pkg/decoder.py:153-172: pkg/decoder.py has 22 lines"]
-    assert found.facts == ["`parse_object` is defined at pkg/decoder.py:20-22"]
+    assert found.facts == [
+        "`parse_object` is defined at pkg/decoder.py:20-22",
+        "`parse_object` (pkg/decoder.py:20-22) says: \"Parse an object's members and apply the "
+        'hook."',
+    ]
 
 
 def test_a_citation_of_lines_no_definition_holds(lib):
@@ -100,9 +125,9 @@ def test_a_function_the_repository_only_assigns_shows_where(lib):
     which names the function it meant."""
     found = check("The `parse_members` function does it.", ASKS, str(lib))
     assert found.faults == [
-        "`parse_members` is no class or function of the repository: it is assigned at "
-        "pkg/decoder.py:14 `self.parse_members = parse_object`, and `parse_object` is defined "
-        "at pkg/decoder.py:20-22"
+        "`parse_members` is no class or function of the repository: pkg/decoder.py:14 "
+        "`self.parse_members = parse_object` assigns it `parse_object`, the function or class "
+        "it stands for, defined at pkg/decoder.py:20-22"
     ]
 
 
@@ -130,6 +155,9 @@ def test_a_name_and_a_citation_that_disagree(lib):
     assert found.facts == [
         "pkg/decoder.py:7 is in `scan_string`  pkg/decoder.py:6-8",
         "`parse_object` is defined at pkg/decoder.py:20-22",
+        '`scan_string` (pkg/decoder.py:6-8) says: "Scan a string."',
+        "`parse_object` (pkg/decoder.py:20-22) says: \"Parse an object's members and apply the "
+        'hook."',
     ]
 
 
@@ -138,6 +166,7 @@ def test_a_name_and_a_citation_that_disagree(lib):
     [
         "The function that parses the members is `parse_object`, at pkg/decoder.py:7.",
         "The functions that do it are `parse_object()` (pkg/decoder.py:7-8).",
+        "The function that applies the `hook` is `parse_object` (pkg/decoder.py:7).",
     ],
 )
 def test_the_name_a_sentence_about_a_function_comes_to_is_a_claim(lib, answer):
@@ -149,6 +178,32 @@ def test_the_name_a_sentence_about_a_function_comes_to_is_a_claim(lib, answer):
     # a sentence that ends in another sentence's name claims nothing: "The function ... .
     # It is `parse_object`" is no claim, and the citation is then the answer's only name
     assert check("The function is here. It is `x` (pkg/decoder.py:7).", ASKS, str(lib)) is None
+
+
+RAISES = "What does loads raise for an empty document?"
+
+
+def test_an_exception_that_neither_the_repository_nor_python_has(lib):
+    """The model is shown the raise lines of the function it cites."""
+    found = check("`loads` (pkg/loads.py:8-17) raises `EmptyDocumentError`.", RAISES, str(lib))
+    assert found.faults == ["`EmptyDocumentError` is no exception of the repository or of Python"]
+    assert found.facts == [
+        "pkg/loads.py:8-17 is in `loads`  pkg/loads.py:8-17",
+        '`loads` (pkg/loads.py:8-17) says: "Decode a document."',
+        '`loads` raises at pkg/loads.py:14: `raise EmptyDocument("empty")`',
+        "`loads` raises at pkg/loads.py:16: `raise ValueError(s[0])`",
+    ]
+    for right in ("`loads` (pkg/loads.py:8-17) raises `EmptyDocument`.", "It raises ValueError."):
+        assert check(right, RAISES, str(lib)) is None
+
+
+def test_an_answer_that_does_not_say_what_is_asked(lib):
+    asks = "What does scan_string return, and where is it defined?"
+    found = check("`scan_string` is defined at pkg/decoder.py:6-8.", asks, str(lib))
+    assert found.faults == ["the answer does not say what it returns, which the question asks"]
+    assert found.facts[-1] == '`scan_string` (pkg/decoder.py:6-8) says: "Scan a string."'
+    assert check("`scan_string` (pkg/decoder.py:6-8) returns the rest.", asks, str(lib)) is None
+    assert check("It raised nothing.", RAISES, str(lib)) is None
 
 
 def test_no_definition_named_where_the_question_asks_for_one(lib):
@@ -221,9 +276,9 @@ def test_a_contradicted_answer_is_asked_again_once_and_stored_whole(tokenizer, l
     assert result.usage["answer_check_kept_first"] is False
     assert result.usage["answer_check"] == [
         "pkg/decoder.py:40: pkg/decoder.py has 22 lines",
-        "`parse_members` is no class or function of the repository: it is assigned at "
-        "pkg/decoder.py:14 `self.parse_members = parse_object`, and `parse_object` is defined "
-        "at pkg/decoder.py:20-22",
+        "`parse_members` is no class or function of the repository: pkg/decoder.py:14 "
+        "`self.parse_members = parse_object` assigns it `parse_object`, the function or class "
+        "it stands for, defined at pkg/decoder.py:20-22",
     ]
     assert out.shown == WRONG + RIGHT and out.lines[-1].startswith("checked against the files")
     (step,) = result.steps
@@ -268,6 +323,27 @@ def test_a_new_answer_no_better_by_the_files_leaves_the_first(tokenizer, lib, se
     assert out.lines[-1].startswith("the new answer is no better by the files (")
     assert out.lines[-1].endswith("): the first one stands")
     assert result.token_ids is None  # the ids streamed last are the new answer's
+
+
+def test_a_new_answer_that_drops_the_name_asked_for_leaves_the_first(tokenizer, lib):
+    """The first answer calls a function of the repository by name, at the wrong line; the
+    second answers with the facts it was shown (the 0.5B did: "is
+    `click._termui_impl.py:240`"): fewer faults, but it no longer names what was asked."""
+    first = "The function that does it is `parse_object`, at pkg/decoder.py:7."
+    second = "The function that does it is at pkg/decoder.py:7, `scan_string`, lines 6-8."
+    engine = ScriptedEngine(tokenizer, HERMES, [first, second, "never"])
+    out = Recorder()
+    result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), links=CHECKED)
+    assert result.answer == first and result.usage["answer_check_kept_first"] is True
+    assert out.lines[-1] == (
+        "the new answer is no better by the files (it calls no function or class of the "
+        "repository by name; the first named `parse_object`): the first one stands"
+    )
+    # naming it, at the right lines, the second stands
+    right = "The function that does it is `parse_object`, at pkg/decoder.py:20-22."
+    engine = ScriptedEngine(tokenizer, HERMES, [first, right, "never"])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), links=CHECKED)
+    assert result.answer == right and result.usage["answer_check_kept_first"] is False
 
 
 def test_without_check_the_first_answer_stands(tokenizer, lib):
