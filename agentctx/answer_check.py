@@ -242,9 +242,9 @@ class Revision:
         """The answer that stands: the new one, unless the files contradict it as much as
         the first (a small model asked again may write the question back, or the same
         fault), or the first called a function of the repository by name and the new one
-        calls none (a small model may answer with the facts it was shown, "is
-        `click/_termui_impl.py:240`", which no longer says what was asked): then the
-        first, and `output` is told."""
+        does not name it (the check said where that function is, not that it is the wrong
+        one; the 0.5B, shown where the line it cited lands, answered with that line's
+        class instead): then the first, and `output` is told."""
         again = inspect(answer, self.question, self.root) if answer.strip() else None
         why = _worse(again, self) if answer.strip() else "it is empty"
         if not why:
@@ -267,9 +267,10 @@ def _worse(again: Check | None, first: Revision) -> str:
         return ""
     if len(again.faults) >= len(first.faults):
         return "; ".join(again.faults)
-    if first.claims and not again.claims:
+    kept = {last_name(n) for n in first.claims} & {last_name(n) for n in again.claims}
+    if first.claims and not kept:
         named = ", ".join(f"`{n}`" for n in first.claims)
-        return f"it calls no function or class of the repository by name; the first named {named}"
+        return f"it no longer names {named}, which the files do not contradict"
     return ""
 
 

@@ -328,7 +328,8 @@ def test_a_new_answer_no_better_by_the_files_leaves_the_first(tokenizer, lib, se
 def test_a_new_answer_that_drops_the_name_asked_for_leaves_the_first(tokenizer, lib):
     """The first answer calls a function of the repository by name, at the wrong line; the
     second answers with the facts it was shown (the 0.5B did: "is
-    `click._termui_impl.py:240`"): fewer faults, but it no longer names what was asked."""
+    `click._termui_impl.py:240`", then that line's class): fewer faults, but it no longer
+    names the function the check did not dispute."""
     first = "The function that does it is `parse_object`, at pkg/decoder.py:7."
     second = "The function that does it is at pkg/decoder.py:7, `scan_string`, lines 6-8."
     engine = ScriptedEngine(tokenizer, HERMES, [first, second, "never"])
@@ -336,9 +337,14 @@ def test_a_new_answer_that_drops_the_name_asked_for_leaves_the_first(tokenizer, 
     result = run_turn(engine, MESSAGES, SamplingParams(), out, str(lib), links=CHECKED)
     assert result.answer == first and result.usage["answer_check_kept_first"] is True
     assert out.lines[-1] == (
-        "the new answer is no better by the files (it calls no function or class of the "
-        "repository by name; the first named `parse_object`): the first one stands"
+        "the new answer is no better by the files (it no longer names `parse_object`, which "
+        "the files do not contradict): the first one stands"
     )
+    # nor one that names, instead, the definition that holds the line the first cited
+    other = "The function that does it is `scan_string`, at pkg/decoder.py:6-8."
+    engine = ScriptedEngine(tokenizer, HERMES, [first, other, "never"])
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), links=CHECKED)
+    assert result.answer == first and result.usage["answer_check_kept_first"] is True
     # naming it, at the right lines, the second stands
     right = "The function that does it is `parse_object`, at pkg/decoder.py:20-22."
     engine = ScriptedEngine(tokenizer, HERMES, [first, right, "never"])
