@@ -13,8 +13,10 @@ any float weight through the least-squares fit of engine.loading.int4_groups.
 The kernel: each program takes BLOCK_N output rows and a 1/SPLIT_K share of K, and per
 group of 32 weights computes s * (q . x) + z * sum(x) in fp32 from the nibbles as they lie
 (low nibbles meet x's even entries, high ones its odd entries: no interleaving, no tensor
-cores, two FMAs a weight for each of up to 16 rows of x); partial sums of the K shares go to
-an fp32 workspace, summed after. The blocks per weight shape are timed once on a GPU
+cores, two FMAs a weight for each of up to 16 rows of x). With K in one share the kernel
+stores x's dtype itself; split in shares, their fp32 partials go to a workspace that one small
+kernel adds up in split order and casts (torch's sum, then a cast, were two kernels more per
+linear, 3.8 us of an 8B k/v GEMV's 7.7 at one row on the H200). The blocks per weight shape are timed once on a GPU
 (_config), and then kept for every row count: a row sums alike in a 1-row step and in a
 verification's rows. (A variant dequantizing weight by weight, one reduction a block and no
 reshapes, lost to this one at every 8B shape on the H200.) More than 16 rows of x (a prefill
@@ -79,8 +81,18 @@ if HAS_TRITON:
         t_ok = ts < T
         tl.store(
             OUT + split * stride_os + ts[:, None] * stride_ot + rows[None, :],
-            acc, mask=t_ok[:, None] & row_ok[None, :],
+            acc.to(OUT.dtype.element_ty), mask=t_ok[:, None] & row_ok[None, :],
         )  # fmt: skip
+
+    @triton.jit
+    def _sum_splits_kernel(PARTS, OUT, SPLIT, TN, BLOCK: tl.constexpr):
+        """OUT[i] = sum over s of PARTS[s, i] in s order (fp32), in OUT's dtype."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < TN
+        acc = tl.load(PARTS + offs, mask=ok, other=0.0)
+        for s in range(1, SPLIT):
+            acc += tl.load(PARTS + s * TN + offs, mask=ok, other=0.0)
+        tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -146,18 +158,27 @@ def timed_configs() -> dict[str, tuple[int, int, int, int]]:
     return {f"{n}x{k}": c for (n, k, _, _), c in _CHOSEN.items()}
 
 
+SUM_BLOCK = 1024  # outputs a program of _sum_splits_kernel adds up
+
+
 def launch(x, packed, scale, zero, config, T: int):
-    """x [T, K] contiguous -> fp32 [T, N] by the given configuration (one of candidates())."""
+    """x [T, K] contiguous -> [T, N] in x's dtype by the given configuration (one of
+    candidates()): one kernel with K in one share, two with K split."""
     block_n, block_k, split, warps = config
     N, K = packed.shape[0], x.shape[1]
-    out = torch.empty(split, T, N, device=x.device, dtype=torch.float32)
+    out = torch.empty(T, N, device=x.device, dtype=x.dtype)
+    parts = out if split == 1 else torch.empty(split, T, N, device=x.device, dtype=torch.float32)
     block_t = 1 if T == 1 else triton.next_power_of_2(T)
     _w4a16_kernel[(triton.cdiv(N, block_n), split)](
-        x, packed, scale, zero, out, T, N, K, K // split,
-        x.stride(0), packed.stride(0), scale.stride(0), out.stride(0), out.stride(1),
-        BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        x, packed, scale, zero, parts, T, N, K, K // split,
+        x.stride(0), packed.stride(0), scale.stride(0), parts.stride(0) if split > 1 else 0,
+        parts.stride(-2), BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
-    return out[0] if split == 1 else out.sum(0)
+    if split > 1:
+        _sum_splits_kernel[(triton.cdiv(T * N, SUM_BLOCK),)](
+            parts, out, split, T * N, BLOCK=SUM_BLOCK, num_warps=4
+        )
+    return out
 
 
 def _config(x, packed, scale, zero) -> tuple[int, int, int, int]:
@@ -203,4 +224,4 @@ def w4a16(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torc
     if T > MAX_ROWS:  # a prefill chunk: dequantize once, then a dense matmul
         return F.linear(x, dequantize(packed, scale, zero, x.dtype))
     x = x.contiguous()
-    return launch(x, packed, scale, zero, _config(x, packed, scale, zero), T).to(x.dtype)
+    return launch(x, packed, scale, zero, _config(x, packed, scale, zero), T)

@@ -72,6 +72,14 @@ def test_split_k_matches_the_reference_and_a_row_sums_alike_alone_or_with_others
         torch.testing.assert_close(rows, ref, atol=1e-4, rtol=1e-4)
         alone = torch.cat([launch(x[i : i + 1], packed, scale, zero, config, 1) for i in range(5)])
         assert torch.equal(rows, alone)
+        # in half precision, the shares are added in fp32 and the sum rounded once: as the
+        # fp32 result rounded
+        h = launch(x.half(), packed, scale.half(), zero.half(), config, 5)
+        assert h.dtype == torch.float16
+        full = launch(
+            x.half().float(), packed, scale.half().float(), zero.half().float(), config, 5
+        )
+        torch.testing.assert_close(h, full.half(), atol=0, rtol=0)
 
 
 @needs_triton
