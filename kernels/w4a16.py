@@ -14,14 +14,17 @@ The kernel: each program takes BLOCK_N output rows and a 1/SPLIT_K share of K, a
 group of 32 weights computes s * (q . x) + z * sum(x) in fp32 from the nibbles as they lie
 (low nibbles meet x's even entries, high ones its odd entries: no interleaving, no tensor
 cores, two FMAs a weight for each of up to 16 rows of x). With K in one share the kernel
-stores x's dtype itself; split in shares, their fp32 partials go to a workspace that one small
-kernel adds up in split order and casts (torch's sum, then a cast, were two kernels more per
-linear, 3.8 us of an 8B k/v GEMV's 7.7 at one row on the H200). The blocks per weight shape are timed once on a GPU
-(_config), and then kept for every row count: a row sums alike in a 1-row step and in a
-verification's rows. (A variant dequantizing weight by weight, one reduction a block and no
-reshapes, lost to this one at every 8B shape on the H200.) More than 16 rows of x (a prefill
-chunk): the weight is dequantized once per call into a bf16 temporary and multiplied by
-F.linear (compute-bound there).
+stores x's dtype itself; split in shares, their fp32 partials go to a workspace that one
+small kernel adds up in split order and casts (torch's sum, then a cast, were two kernels
+more per linear, 3.8 us of an 8B k/v GEMV's 7.7 at one row on the H200). The blocks per
+weight shape are timed once on a GPU (_config; K blocks of 512-1024 took an 8B step's GEMVs
+from 2.61 to 2.44 ms in CUDA graphs on the H200), and then kept for every row count: a row
+sums alike in a 1-row step and in a verification's rows. (Variants that lost to this one on
+the H200: dequantizing weight by weight, one reduction a block and no reshapes, at every 8B
+shape; the weights read as int32 words with the nibbles turned to floats by a bit trick,
+~1.4 TB/s at best, as this kernel: its compiled loop takes 5-7 instructions a weight, which
+bound it, not memory.) More than 16 rows of x (a prefill chunk): the weight is dequantized
+once per call into a bf16 temporary and multiplied by F.linear (compute-bound there).
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
 def candidates(n: int, k: int) -> list[tuple[int, int, int, int]]:
     """The configurations a GPU times for one weight shape: the default first."""
     out = []
-    for block_k in (128, 256):
+    for block_k in (128, 256, 512, 1024):
         if k % block_k:
             continue
         for block_n in (16, 32, 64):
