@@ -2,12 +2,15 @@
 
 A small model's wrong answers about code are often wrong in ways the files show at once: a
 `path:line` past the end of its file, or on a line no class or function holds; a function
-named that the repository never defines; or, asked which function does something, no
-function at all. When an answer has such a fault, the turn goes on one step: the model is
-shown what the files say (the faults, and where each line it cited actually lands, from
-agentctx.references) and asked the question again. Once per turn: the new answer stands
-when the same check finds fewer faults in it, else the first does; the references of the
-one that stands are shown under it as usual.
+named that the repository never defines; an exception no one defines; asked what a function
+returns, only where it is; or, asked which function does something, no function at all.
+When an answer has such a fault, the turn goes on one step: the model is shown what the
+files say (the faults; where each line it cited lands, from agentctx.references; where each
+definition it named is, and what that definition's own lines say, from
+agentctx.definition_facts) and asked the question again. Once per turn: the new answer
+stands when the same check finds fewer faults in it and it still names a function the first
+named that the files did not dispute, else the first does; the references of the one that
+stands are shown under it as usual.
 
 An answer with none of these faults is never sent back: a right answer is not put at risk
 for a check that has nothing to say.
