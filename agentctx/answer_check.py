@@ -57,6 +57,7 @@ _EXCEPTION = re.compile(r"(?<![\w.])([A-Z]\w*(?:Error|Exception))\b")
 # the question asks what something returns, raises or yields
 _ASKS_WHAT = re.compile(r"\bwhat\b[^?]*?\b(return|raise|yield)s?\b", re.I)
 MAX_SHOWN = 2  # places a name is assigned at, shown to the model
+SETTLED = ("stop", "length")  # how a new answer ends for `Revision.settle` to weigh it
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,7 +126,7 @@ def run_turn(
         run_tools,
         tool_messages,
     )
-    from agentctx.answer_check import revise
+    from agentctx.answer_check import SETTLED, revise
     from agentctx.compaction import Compaction, compact_to_fit
     from engine import ContextTooLongError
 
@@ -208,8 +208,9 @@ def run_turn(
             revision = revise(content, question, root, steps, convo, output, record)
             if revision.faults:
                 continue
-        if revision is not None and revision.faults and reason == "stop" and not calls:
+        if revision is not None and revision.faults and reason in SETTLED and not calls:
             content = revision.settle(content, output)
+            reason = "stop" if revision.kept_first else reason  # the first ended on its own
         if reason == "cancelled" or not calls or must_answer:
             if calls and reason != "cancelled":
                 reason = "step_limit"

@@ -23,7 +23,7 @@ from agentctx.agent import (
     tool_messages,
     with_tool_prompt,
 )
-from agentctx.answer_check import revise
+from agentctx.answer_check import SETTLED, revise
 from agentctx.ask import TurnResult
 
 
@@ -132,8 +132,9 @@ def run_remote_turn(backend, turn, output, links) -> TurnResult:
             revision = revise(content, question, turn.root, steps, convo, output, links.record)
             if revision.faults:
                 continue
-        if revision is not None and revision.faults and reason == "stop" and not calls:
+        if revision is not None and revision.faults and reason in SETTLED and not calls:
             content = revision.settle(content, output)
+            reason = "stop" if revision.kept_first else reason  # the first ended on its own
         if reason == "cancelled" or not calls or must_answer:
             if calls and reason != "cancelled":
                 reason = "step_limit"

@@ -10,8 +10,9 @@ from engine.runtime.requests import GenerationStats, StreamEvent
 
 
 class ScriptedStream:
-    def __init__(self, engine: ScriptedEngine, ids: list[int], reply: str) -> None:
-        self.engine, self.ids, self.reply = engine, ids, reply
+    def __init__(self, engine: ScriptedEngine, ids: list[int], reply: str,
+                 cut: int | None = None) -> None:  # fmt: skip
+        self.engine, self.ids, self.reply, self.cut = engine, ids, reply, cut
         self.text = ""
         self.cancelled = False
 
@@ -21,6 +22,8 @@ class ScriptedStream:
         pieces = [
             self.engine.tokenizer.decode([t]) for t in self.engine.tokenizer.encode(self.reply)
         ]
+        cut = self.cut is not None and len(pieces) > self.cut
+        pieces = pieces[: self.cut] if cut else pieces
         for piece in pieces:
             if self.cancelled:
                 break
@@ -28,7 +31,7 @@ class ScriptedStream:
             yield StreamEvent("token", text=piece)
             if self.engine.cancel_after is not None and len(self.text) >= self.engine.cancel_after:
                 self.cancel()
-        reason = "cancelled" if self.cancelled else "stop"
+        reason = "cancelled" if self.cancelled else "length" if cut else "stop"
         stats = GenerationStats(prompt_tokens=n, completion_tokens=len(pieces), ttft_s=0.01)
         yield StreamEvent("done", finish_reason=reason, stats=stats)
 
@@ -46,6 +49,7 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []
         self.max_model_len = max_model_len
         self.cancel_after: int | None = None  # cancel a step once it has this many chars
+        self.cuts: dict[int, int] = {}  # step -> tokens after which it ends as "length"
 
     def chat_tokens(self, messages, add_generation_prompt=True, tools=None):
         extra = {"tools": tools} if tools else {}
@@ -60,7 +64,7 @@ class ScriptedEngine:
     def stream(self, ids, params=None) -> ScriptedStream:
         self.prompts.append(list(ids))
         reply = self.replies.pop(0) if self.replies else "(no more replies)"
-        return ScriptedStream(self, ids, reply)
+        return ScriptedStream(self, ids, reply, self.cuts.get(len(self.prompts) - 1))
 
     def open_session(self, session_id, messages=None, snapshot=None) -> ScriptedSession:
         return ScriptedSession(self)

@@ -352,6 +352,22 @@ def test_a_new_answer_that_drops_the_name_asked_for_leaves_the_first(tokenizer, 
     assert result.answer == right and result.usage["answer_check_kept_first"] is False
 
 
+def test_a_new_answer_cut_by_the_token_limit_is_settled_too(tokenizer, lib):
+    """The first answer ended on its own; the new one, cut at the token limit mid-way, is
+    no better by the files: the first stands, and the turn ended on its own."""
+    first = "`parse_object`, at pkg/decoder.py:20-22; see also pkg/decoder.py:99."
+    engine = ScriptedEngine(tokenizer, HERMES, [first, WRONG + " " + WRONG, "never"])
+    engine.cuts[1] = 20
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), links=CHECKED)
+    assert result.answer == first and result.finish_reason == "stop"
+    assert result.usage["answer_check_kept_first"] is True
+    # a cut answer with fewer faults stands, cut
+    engine = ScriptedEngine(tokenizer, HERMES, [first, RIGHT + " More words follow here.", ""])
+    engine.cuts[1] = 20
+    result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib), links=CHECKED)
+    assert result.answer.startswith(RIGHT) and result.finish_reason == "length"
+
+
 def test_without_check_the_first_answer_stands(tokenizer, lib):
     engine = ScriptedEngine(tokenizer, HERMES, [WRONG, RIGHT])
     result = run_turn(engine, MESSAGES, SamplingParams(), Recorder(), str(lib))

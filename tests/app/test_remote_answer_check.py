@@ -42,13 +42,15 @@ class ScriptedServer:
                 if self.path != "/v1/chat/completions":
                     return self._json(404, {"error": {"message": "not found"}})
                 server.sent.append(body)
-                text = server.replies.pop(0)
+                text, finish = server.replies.pop(0), "stop"
+                if isinstance(text, tuple):  # (text, its finish reason)
+                    text, finish = text
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for chunk in (
                     {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]},
-                    {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                    {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
                     {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 9}},
                 ):
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -115,3 +117,10 @@ def test_a_remote_answer_no_better_leaves_the_first(serve, lib):  # noqa: F811
     assert result.answer == WRONG and result.usage["answer_check_kept_first"] is True
     assert len(server.sent) == 2
     assert any("the first one stands" in e.get("message", "") for e in events)
+
+
+def test_a_remote_answer_cut_at_the_token_limit_is_settled_too(serve, lib):  # noqa: F811
+    server = serve([WRONG, (WRONG + " The", "length")])
+    result, _ = remote_turn(server, lib)
+    assert result.answer == WRONG and result.finish_reason == "stop"
+    assert result.usage["answer_check_kept_first"] is True
