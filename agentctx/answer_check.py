@@ -124,12 +124,12 @@ def _check(answer: str, question: str, root: str) -> Check:
         if not index.found(e)
     ]  # fmt: skip
     verb = _ASKS_WHAT.search(question)
-    if verb and not re.search(rf"\b{verb.group(1)[:5]}", answer, re.I):
+    if verb and not re.search(rf"\b{verb.group(1)[:4]}", answer, re.I):  # rais(es|ing)
         faults.append(f"the answer does not say what it {verb.group(1)}s, which the question asks")
     names_one = any(r.definition is not None for r in refs)
     if not faults and not names_one and asks_for_code:
         faults.append("the answer names no class or function that the repository defines")
-    return Check(faults, _facts(refs, index, question), defined)
+    return Check(faults, _facts(refs, index, question) if faults else [], defined)
 
 
 def _facts(refs: list, index: Index, question: str) -> list[str]:
