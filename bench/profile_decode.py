@@ -72,7 +72,7 @@ def _ours(*names: str) -> str:
 # kernel families; the first pattern that matches wins
 KINDS = (
     ("weights: GEMV (cuBLAS, W4A16)", _ours("_w4a16_kernel") + r"|gemm|gemv|cutlass|xmma|nvjet"),
-    ("weights: cuBLAS split-K reductions", r"splitkreduce"),
+    ("weights: split-K reductions (cuBLAS, W4A16)", _ours("_sum_splits_kernel") + r"|splitkreduce"),
     ("attention and its split combine", _ours("_paged_decode_kernel", "_combine_kernel",
                                               "_sparse_decode_kernel", "_sparse_combine_kernel")),
     ("page scoring, selection and slot allocation", _ours(

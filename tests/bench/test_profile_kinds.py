@@ -14,6 +14,7 @@ def test_kernels_are_grouped_by_kind_per_step():
         ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 1_000_000),
         ("_w4a16_kernel", 2_000_000),
         ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 100_000),
+        ("_sum_splits_kernel", 100_000),  # W4A16's
         ("_paged_decode_kernel", 400_000),
         ("_combine_kernel", 200_000),
         ("_split_hist_kernel", 200_000),
@@ -26,7 +27,7 @@ def test_kernels_are_grouped_by_kind_per_step():
     ]
     got = kinds(events, steps=2)
     assert got["weights: GEMV (cuBLAS, W4A16)"] == {"ms": 3.0, "kernels": 1.5}
-    assert got["weights: cuBLAS split-K reductions"]["ms"] == approx(0.05)
+    assert got["weights: split-K reductions (cuBLAS, W4A16)"] == {"ms": approx(0.1), "kernels": 1}
     assert got["attention and its split combine"]["ms"] == approx(0.3)
     assert got["page scoring, selection and slot allocation"]["ms"] == approx(0.15)
     assert got["host fetch (UVA gather)"]["ms"] == approx(0.3)
