@@ -108,12 +108,12 @@ def inspect(answer: str, question: str, root: str | None) -> Check | None:
 
 def _check(answer: str, question: str, root: str) -> Check:
     files = list_files(root)
-    refs = references(answer, root, files)
+    index = Index(root, files)  # the references' too: a file is parsed once
+    refs = references(answer, root, files, index)
     asks_for_code = bool(_ASKS_FOR_CODE.search(question))
     faults = [r.line() for r in refs if r.definition is None and _unresolved(r, asks_for_code)]
     cited = [r for r in refs if r.definition is not None and r.cited]
     claimed, exceptions = _claimed(answer), _exceptions(answer)
-    index = Index(root, files)
     index.find({last_name(n) for n in claimed} | set(exceptions))
     undefined = [n for n in claimed if not index.found(n)]
     faults += [_undefined(n, root, files) for n in undefined]

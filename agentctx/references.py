@@ -101,15 +101,17 @@ def for_answer(answer: str, root: str | None, kind: str = "repo") -> list[Refere
         return []
 
 
-def references(answer: str, root: str, files: list[str] | None = None) -> list[Reference]:
+def references(answer: str, root: str, files: list[str] | None = None,
+               index: Index | None = None) -> list[Reference]:  # fmt: skip
     """The references of `answer` about the repository at `root` (its listable files:
-    ignored files and secrets are never read)."""
+    ignored files and secrets are never read); `index`, one over those files to share (the
+    files it reads and parses are read and parsed once)."""
     names = named(answer)
     citations = _citations(answer)
     if not names and not citations:
         return []
-    files = list_files(root) if files is None else files
-    index = Index(root, files)
+    if index is None:
+        index = Index(root, list_files(root) if files is None else files)
     out: list[Reference] = []
     for cited, written, start, end in citations:
         out.append(index.cited(cited, written, start, end))
