@@ -201,9 +201,10 @@ def test_models_lists_the_window(client):
 
 
 def stream_lines(server, max_tokens: int, lines: list[str], ended: threading.Event) -> None:
-    """Stream a chat's lines into `lines` (in a thread); `ended` once the stream ends."""
+    """Stream a chat's lines into `lines` (in a thread); `ended` once the stream ends. EOS is
+    ignored, so a stream runs to its `max_tokens` unless the server cuts it."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Write a lot."}],
-            "max_tokens": max_tokens, "stream": True}  # fmt: skip
+            "max_tokens": max_tokens, "stream": True, "ignore_eos": True}  # fmt: skip
     try:
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                           headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:  # fmt: skip
