@@ -132,7 +132,7 @@ def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
     sparse = None
     if mode == "sparse":
         sparse = SparseConfig(budget_fraction=args.budget, summary="quest",
-                              gpu_kv_budget=parse_size(args.gpu_kv_budget),
+                              gpu_kv_budget=parse_size(args.gpu_kv_budget), eviction=args.eviction,
                               forecast="off" if args.prefetch == ["off"] else "free")  # fmt: skip
     pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
     cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
@@ -142,7 +142,8 @@ def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
     torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
-    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg,
+                         weights=args.weights)  # fmt: skip
     if args.skip_prefill_attention:
         skip_prefill_attention(engine)
     # the synthetic selections (one scorer: what each row read carries over between variants)
@@ -317,6 +318,14 @@ def main() -> None:
                     help="the prefetch stream's priority; one run each")  # fmt: skip
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
+    ap.add_argument("--eviction", default="value", choices=["value", "clock"],
+                    help="the GPU tier's eviction (SparseConfig.eviction)")  # fmt: skip
+    ap.add_argument(
+        "--weights",
+        default="dense",
+        choices=["dense", "int4"],
+        help="int4: every layer's linears as 4-bit groups (the W4A16 kernel)",
+    )
     ap.add_argument("--chunk", type=int, default=8192, help="prefill tokens per step")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dense", action="store_true", help="also our dense-resident mode")

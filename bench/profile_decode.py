@@ -80,7 +80,8 @@ KINDS = (
         "_split_hist_kernel", "_split_count_kernel", "_split_write_kernel",
         "_union_mark_kernel", "_union_compact_kernel", "_recall_kernel", "_units_kernel",
         "_value_kernel", "_resolve_kernel", "_owner_kernel", "_victims_hist_kernel",
-        "_victims_count_kernel", "_victims_write_kernel", "_assign_kernel", "_finish_kernel")),
+        "_victims_count_kernel", "_victims_write_kernel", "_assign_kernel", "_finish_kernel",
+        "_clock_kernel")),
     ("host fetch (UVA gather)", _ours("_gather_kernel", "_stage_kernel")),
     ("norms, rope, KV append, activation", _ours(
         "_rmsnorm_kernel", "_rope_kv_kernel", "_silu_mul_kernel", "_append_kernel",
@@ -147,7 +148,7 @@ def timeline(prof, steps: int) -> dict:
         names: dict[str, list] = {}
         for e in events:
             names.setdefault(e.name()[:50], []).append(e.duration_ns())
-        common = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:12]
+        common = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:48]
         return {k: {"n": len(v) // steps, "mean_us": sum(v) / len(v) / 1000} for k, v in common}
 
     return {
@@ -173,6 +174,14 @@ def main() -> None:
     ap.add_argument("--prefetch", nargs="+", default=["off", "forecast"])
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
+    ap.add_argument("--eviction", default="value", choices=["value", "clock"],
+                    help="the GPU tier's eviction (SparseConfig.eviction)")  # fmt: skip
+    ap.add_argument(
+        "--weights",
+        default="dense",
+        choices=["dense", "int4"],
+        help="int4: every layer's linears as 4-bit groups (the W4A16 kernel)",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-prefill-attention", action="store_true",
                     help="build the context without prefill attention (dummy weights: decode "
@@ -193,7 +202,8 @@ def main() -> None:
     n = args.context
     window = n + 64
     sparse = None if args.dense else SparseConfig(
-        budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget), forecast="free"
+        budget_fraction=args.budget, gpu_kv_budget=parse_size(args.gpu_kv_budget), forecast="free",
+        eviction=args.eviction,
     )  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
                        num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192)  # fmt: skip
@@ -202,7 +212,8 @@ def main() -> None:
     elif args.device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_size(args.gpu_budget) / total)
-    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg)
+    engine = Engine.load(f"dummy:{model_config(args)}", device=args.device, config=cfg,
+                         weights=args.weights)  # fmt: skip
     if args.skip_prefill_attention:
         skip_prefill_attention(engine)
     prompts = prompts_for(n, 1, engine.model_config.vocab_size)

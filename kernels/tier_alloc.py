@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HAS_TRITON
+from kernels.tier_victims import victims_triton
 from kernels.uva_gather import NOT_STAGED, gather_pages
 from kernels.views import GATHER_PROGRAMS, GatherLaunch, Stage
 
@@ -57,7 +58,6 @@ NEVER = torch.iinfo(torch.int32).max  # a protected slot's value
 NO_CLAIM = torch.iinfo(torch.long).max
 USES_BITS = 20
 RECENCY_STEPS = (1 << 11) - 2  # steps of recency a value tells apart (31 bits in all)
-VICTIMS_CHUNK = 1024  # slots per program of the victims' radix select
 
 
 @dataclass
@@ -71,6 +71,9 @@ class LayerState:
     claim: torch.Tensor  # [U + 1] int64, NO_CLAIM between calls (shared by every layer)
     clock: torch.Tensor  # [] int64: the decode step (shared by every layer)
     gather_programs: int = GATHER_PROGRAMS  # the fetch's programs (EngineConfig)
+    # the CLOCK eviction's (kernels.tier_clock): each slot's last reading step, the hand
+    marks: torch.Tensor | None = None  # [S + 1] int32
+    hand: torch.Tensor | None = None  # [] int64
 
     @property
     def scratch_slot(self) -> int:  # (the last entries are scratch)
@@ -100,8 +103,10 @@ if HAS_TRITON:
     @triton.jit
     def _resolve_kernel(
         UNITS, VALID, SLOT_OF, CLAIM, VALUE, LAST, CLOCK, U_OUT, SLOT_OUT, ACC,
-        n, SCRATCH_UNIT, C_HITS, C_TOTAL, BLOCK: tl.constexpr,
+        n, SCRATCH_UNIT, C_HITS, C_TOTAL, BLOCK: tl.constexpr, MARK_CLOCK: tl.constexpr = False,
     ):  # fmt: skip
+        """MARK_CLOCK: a read slot's VALUE becomes the step (int32) instead of protected
+        (kernels.tier_clock's marks)."""
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
         valid = tl.load(VALID + i, mask=m, other=0) != 0
@@ -111,7 +116,10 @@ if HAS_TRITON:
         tl.store(U_OUT + i, u, mask=m)
         tl.store(SLOT_OUT + i, slot, mask=m)
         tl.atomic_min(CLAIM + u, i.to(tl.int64), mask=m)  # the first entry owns the unit
-        tl.store(VALUE + slot, 2147483647, mask=m & resident)  # the step reads it
+        if MARK_CLOCK:
+            tl.store(VALUE + slot, tl.load(CLOCK).to(tl.int32), mask=m & resident)
+        else:
+            tl.store(VALUE + slot, 2147483647, mask=m & resident)  # the step reads it
         # locality: read by this layer at the step before
         last = tl.load(LAST + slot, mask=m & resident, other=-2)
         clock = tl.load(CLOCK)
@@ -128,77 +136,6 @@ if HAS_TRITON:
         missing = tl.load(SLOT_IN + i, mask=m, other=0) < 0
         owner = m & missing & (tl.load(CLAIM + u, mask=m, other=-1) == i)
         tl.store(OWNER + i, owner.to(tl.int64), mask=m)
-
-    @triton.jit
-    def _victims_threshold(HIST, m, ROUNDS: tl.constexpr):
-        """The m-th smallest value's leading ROUNDS bytes (`prefix`) and how many values
-        lie below them (`n_less`), from the global histograms of rounds 0..ROUNDS-1."""
-        bins = tl.arange(0, 256)
-        n_less = tl.zeros([], tl.int32)
-        prefix = tl.zeros([], tl.int32)
-        for r in tl.static_range(ROUNDS):
-            hist = tl.load(HIST + r * 256 + bins)
-            at_most = n_less + tl.cumsum(hist, 0)
-            best = tl.min(tl.where(at_most >= m, bins, 255), 0)
-            n_less += tl.sum(tl.where(bins < best, hist, 0), 0)
-            prefix = (prefix << 8) | best
-        return prefix, n_less
-
-    @triton.jit
-    def _victims_hist_kernel(VALUE, RANK, HIST, S1, n, ROUND: tl.constexpr,
-                             CHUNK: tl.constexpr):  # fmt: skip
-        """Round ROUND of the victims' radix select, one chunk of slots per program: the
-        256-bin histogram of byte ROUND (from the top) of the values whose higher bytes
-        equal the threshold's so far (every program derives it from the earlier rounds'
-        histograms), added into HIST[ROUND]. Values are non-negative int32."""
-        m = tl.load(RANK + n - 1).to(tl.int32)
-        prefix, n_less = _victims_threshold(HIST, m, ROUND)
-        s = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
-        byte = (v >> (24 - 8 * ROUND)) & 255
-        if ROUND == 0:
-            hist = tl.histogram(byte, 256, mask=s < S1)
-        else:
-            hist = tl.histogram(byte, 256, mask=(s < S1) & ((v >> (32 - 8 * ROUND)) == prefix))
-        bins = tl.arange(0, 256)
-        tl.atomic_add(HIST + ROUND * 256 + bins, hist, mask=hist > 0)
-
-    @triton.jit
-    def _victims_count_kernel(VALUE, RANK, HIST, COUNTS, S1, n, CHUNK: tl.constexpr):
-        """Per chunk: the values below the m-th smallest (COUNTS[0, p]) and equal to it
-        (COUNTS[1, p])."""
-        m = tl.load(RANK + n - 1).to(tl.int32)
-        prefix, n_less = _victims_threshold(HIST, m, 4)
-        p = tl.program_id(0)
-        s = p * CHUNK + tl.arange(0, CHUNK)
-        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
-        tl.store(COUNTS + p, tl.sum((v < prefix).to(tl.int32), 0))
-        tl.store(COUNTS + tl.num_programs(0) + p, tl.sum((v == prefix).to(tl.int32), 0))
-
-    @triton.jit
-    def _victims_write_kernel(VALUE, RANK, HIST, COUNTS, VICTIMS, S1, n,
-                              CHUNK: tl.constexpr, NP: tl.constexpr):  # fmt: skip
-        """The victims, in slot order: every value below the m-th smallest, then its ties
-        from the lowest slot; each program writes its chunk's after the earlier chunks'."""
-        m = tl.load(RANK + n - 1).to(tl.int32)
-        prefix, n_less = _victims_threshold(HIST, m, 4)
-        ties_wanted = m - n_less
-        P = tl.num_programs(0)
-        p = tl.program_id(0)
-        j = tl.arange(0, NP)
-        less = tl.load(COUNTS + j, mask=j < P, other=0)
-        ties = tl.load(COUNTS + P + j, mask=j < P, other=0)
-        ties_before = tl.cumsum(ties, 0) - ties
-        taken = less + tl.minimum(tl.maximum(ties_wanted - ties_before, 0), ties)
-        base = tl.sum(tl.where(j < p, taken, 0), 0)
-        tie_base = tl.sum(tl.where(j < p, ties, 0), 0)
-        s = p * CHUNK + tl.arange(0, CHUNK)
-        v = tl.load(VALUE + s, mask=s < S1, other=2147483647)
-        tie = v == prefix
-        tie_rank = tie_base + tl.cumsum(tie.to(tl.int32), 0) - 1
-        chosen = (v < prefix) | (tie & (tie_rank < ties_wanted))
-        pos = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
-        tl.store(VICTIMS + pos, s.to(tl.int64), mask=chosen)
 
     @triton.jit
     def _assign_kernel(
@@ -279,6 +216,7 @@ def allocate_triton(st: LayerState, units: torch.Tensor, valid: torch.Tensor, ac
     _resolve_kernel[(triton.cdiv(n, B),)](
         units, valid, st.slot_of, claim, value, st.last_used, clock, u, slot_in, acc,
         n, st.scratch_unit, counters["locality_hits"], counters["locality_total"], BLOCK=B,
+        MARK_CLOCK=False,
     )  # fmt: skip
     owner = torch.empty(n, dtype=torch.long, device=dev)
     _owner_kernel[(triton.cdiv(n, B),)](u, slot_in, claim, owner, n, BLOCK=B)
@@ -316,8 +254,10 @@ def _gather(st, src, dst, acc, counters, stage, before_gather, count=None) -> No
         acc[counters[name]] -= hits
 
 
-def allocate_reference(st, units, valid, acc, counters, stage=None, before_gather=None):
-    """The same in torch ops (the CPU engine's path)."""
+def allocate_reference(st, units, valid, acc, counters, stage=None, before_gather=None,
+                       victims: Callable | None = None):  # fmt: skip
+    """The same in torch ops (the CPU engine's path). `victims(st, slot, missing, owner)`:
+    the owners' slots in rank order (None: the least valuable, `value_victims`)."""
     dev, n = units.device, units.numel()
     claim, clock = st.claim, st.clock
     slot_of, unit_in, last_used, uses = st.slot_of, st.unit_in, st.last_used, st.uses
@@ -330,11 +270,7 @@ def allocate_reference(st, units, valid, acc, counters, stage=None, before_gathe
     claim.scatter_reduce_(0, u, idx, "amin")
     owner = missing & (claim[u] == idx)
     claim.index_fill_(0, u, NO_CLAIM)
-    # candidate victims, least valuable first; the step's resident slots are protected
-    value = slot_values(last_used, uses, clock)
-    value.index_fill_(0, torch.where(missing, scratch_slot, slot), NEVER)
-    value[scratch_slot].fill_(NEVER)
-    victims = least_valuable(value, owner)
+    victims = (victims or value_victims)(st, slot, missing, owner)
     rank = (torch.cumsum(owner, 0) - 1).clamp(min=0)
     dst = torch.where(owner, victims[rank], scratch_slot)
     old = unit_in[dst]
@@ -359,22 +295,13 @@ def allocate_reference(st, units, valid, acc, counters, stage=None, before_gathe
     return slot.to(torch.int32)
 
 
-def victims_triton(value, rank, S1: int, n: int, chunk: int = VICTIMS_CHUNK) -> torch.Tensor:
-    """The m least valuable of S1 slots (m: rank's last entry; ties: the lowest slots), in
-    slot order, then n - m entries left unwritten: a radix select over chunks of `chunk`
-    slots, one program each (4 byte-wide histogram rounds into one global histogram, then
-    a count and a write pass): 7 launches, no host read."""
-    dev = value.device
-    P = triton.cdiv(S1, chunk)
-    hist = torch.zeros(4, 256, dtype=torch.int32, device=dev)
-    counts = torch.empty(2, P, dtype=torch.int32, device=dev)
-    victims = torch.empty(n, dtype=torch.long, device=dev)
-    for r in range(4):
-        _victims_hist_kernel[(P,)](value, rank, hist, S1, n, ROUND=r, CHUNK=chunk)
-    _victims_count_kernel[(P,)](value, rank, hist, counts, S1, n, CHUNK=chunk)
-    _victims_write_kernel[(P,)](value, rank, hist, counts, victims, S1, n, CHUNK=chunk,
-                                NP=max(16, triton.next_power_of_2(P)))  # fmt: skip
-    return victims
+def value_victims(st, slot, missing, owner) -> torch.Tensor:
+    """The least valuable slots, the step's resident slots protected (allocate_reference's
+    victims)."""
+    value = slot_values(st.last_used, st.uses, st.clock)
+    value.index_fill_(0, torch.where(missing, st.scratch_slot, slot), NEVER)
+    value[st.scratch_slot].fill_(NEVER)
+    return least_valuable(value, owner)
 
 
 def least_valuable(value: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,9 @@ from kernels.tier_alloc import (
     allocate_reference,
     allocate_triton,
     least_valuable,
-    victims_triton,
 )
+from kernels.tier_clock import allocate_clock_reference, allocate_clock_triton
+from kernels.tier_victims import victims_triton
 from kernels.views import GATHER_PROGRAMS, Stage
 
 
@@ -46,7 +47,12 @@ class SlotAllocator:
     def allocate(self, st: LayerState, units: torch.Tensor, valid: torch.Tensor,
                  acc: torch.Tensor, stage: Stage | None = None,
                  before_gather: Callable[[], None] | None = None) -> torch.Tensor:  # fmt: skip
-        if HAS_TRITON and self.kernels and units.is_cuda:
+        """The value eviction, or the CLOCK eviction where the layer has its hand."""
+        kernels = HAS_TRITON and self.kernels and units.is_cuda
+        if st.hand is not None:
+            clock = allocate_clock_triton if kernels else allocate_clock_reference
+            return clock(st, units, valid, acc, C, stage, before_gather)
+        if kernels:
             return allocate_triton(st, units, valid, acc, C, stage, before_gather,
                                    victims=self.victims)  # fmt: skip
         return allocate_reference(st, units, valid, acc, C, stage, before_gather)
@@ -74,7 +80,8 @@ class Residency:
     clock: decode steps."""
 
     def __init__(self, host_pool: torch.Tensor, num_slots: int, device: torch.device,
-                 acc: torch.Tensor, allocator: SlotAllocator | None = None) -> None:  # fmt: skip
+                 acc: torch.Tensor, allocator: SlotAllocator | None = None,
+                 eviction: str = "value") -> None:  # fmt: skip
         L, num_pages, Hkv, _, P, D = host_pool.shape
         units = num_pages * Hkv
         self.L, self.num_slots, self.device, self.acc = L, num_slots, device, acc
@@ -90,11 +97,27 @@ class Residency:
         self.uses = torch.zeros(L, num_slots + 1, dtype=torch.long, device=device)
         self.claim = torch.full((units + 1,), NO_CLAIM, dtype=torch.long, device=device)
         self.clock = torch.zeros((), dtype=torch.long, device=device)
+        self.marks: torch.Tensor | None = None  # the CLOCK eviction's (set_eviction)
+        self.hand: torch.Tensor | None = None
+        self.set_eviction(eviction)
+
+    def set_eviction(self, eviction: str) -> None:
+        """The eviction from the next allocation on: "value" (the least valuable slots,
+        kernels.tier_alloc) or "clock" (a hand over the ring of slots, kernels.tier_clock)."""
+        if eviction == "clock" and self.hand is None:
+            L, S1 = self.unit_in.shape
+            self.marks = torch.full((L, S1), -1, dtype=torch.int32, device=self.device)
+            self.hand = torch.zeros(L, dtype=torch.long, device=self.device)
+        elif eviction == "value":
+            self.marks = self.hand = None
 
     def layer(self, layer: int) -> LayerState:
+        clock = self.hand is not None
         return LayerState(self.slot_of[layer], self.unit_in[layer], self.last_used[layer],
                           self.uses[layer], self.host_units[layer], self.slots[layer],
-                          self.claim, self.clock, self.allocator.gather_programs)  # fmt: skip
+                          self.claim, self.clock, self.allocator.gather_programs,
+                          marks=self.marks[layer] if clock else None,
+                          hand=self.hand[layer] if clock else None)  # fmt: skip
 
     def resident_units(self) -> int:
         return int((self.unit_in[:, : self.num_slots] >= 0).sum())

@@ -48,6 +48,10 @@ class SparseConfig:
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
     gpu_kv_budget: int | None = None  # bytes for the GPU slot pools; None: room for all pages
+    # which slots a missing page takes (engine.kv.residency): "value" (the least valuable:
+    # free, then the oldest last read, then the fewest reads; a select over every slot) or
+    # "clock" (a hand over the ring of slots, second chance for a slot read since it passed)
+    eviction: str = "value"
     # benchmarks only: a verification fetches each query's missing pages in turn (False)
     # instead of the union once (True, the engine's way)
     verify_shared_fetch: bool = True
@@ -64,6 +68,8 @@ class SparseConfig:
             raise ValueError(f"summary must be quest or mean, got {self.summary!r}")
         if self.layer_group < 1 or self.sink_pages < 0 or self.window_pages < 1:
             raise ValueError("layer_group >= 1, sink_pages >= 0 and window_pages >= 1")
+        if self.eviction not in ("value", "clock"):
+            raise ValueError(f"eviction must be value or clock, got {self.eviction!r}")
         if self.prefetch_policy not in ("always", "auto", "timed"):
             raise ValueError(
                 f"prefetch_policy must be always, auto or timed, got {self.prefetch_policy!r}"

@@ -68,7 +68,8 @@ class TieredKV:
             self.num_slots = max(1, sparse.gpu_kv_budget // (self.L * self.unit_bytes))
         # device-side counters, read when `stats` is asked for (engine.kv.sparse_config)
         self._acc = torch.zeros(len(COUNTERS), dtype=torch.long, device=device)
-        self.residency = Residency(host_pool, self.num_slots, device, self._acc, allocator)
+        self.residency = Residency(host_pool, self.num_slots, device, self._acc, allocator,
+                                   sparse.eviction)  # fmt: skip
         self.selection = Selection(sparse, host_pool, device)
         self.prefetcher = Prefetcher(sparse, self.residency, self.selection, self._acc, self.Hkv)
         self.policy = PrefetchPolicy(sparse, self._acc, self.unit_bytes, device)
@@ -112,6 +113,7 @@ class TieredKV:
         self.sparse = sparse
         for part in (self.selection, self.prefetcher, self.policy):
             part.sparse = sparse
+        self.residency.set_eviction(sparse.eviction)
         self.selection.reseed()
 
     def prefetching(self) -> bool:

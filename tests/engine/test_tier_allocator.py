@@ -5,16 +5,19 @@ a step reads are never taken by that step's own misses."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.kv import SparseConfig, TieredKV
 from kernels.uva_gather import NOT_STAGED
 
 
-def make(num_slots: int, pages: int = 40, L: int = 2, Hkv: int = 3, P: int = 16, D: int = 8):
+def make(num_slots: int, pages: int = 40, L: int = 2, Hkv: int = 3, P: int = 16, D: int = 8,
+         eviction: str = "value"):  # fmt: skip
     host = torch.randn(L, pages, Hkv, 2, P, D)
     unit_bytes = 2 * P * D * 4
-    sp = SparseConfig(budget_fraction=0.1, gpu_kv_budget=num_slots * L * unit_bytes)
+    sp = SparseConfig(budget_fraction=0.1, gpu_kv_budget=num_slots * L * unit_bytes,
+                      eviction=eviction)  # fmt: skip
     return TieredKV(host, P, sp, torch.device("cpu")), host
 
 
@@ -30,8 +33,9 @@ def check_consistent(t: TieredKV, host: torch.Tensor) -> None:
         assert int(t.residency.unit_in[layer, t.scratch_slot]) == t.scratch_unit
 
 
-def test_random_steps_keep_the_page_table_and_the_slots_exact():
-    t, host = make(num_slots=24)
+@pytest.mark.parametrize("eviction", ["value", "clock"])
+def test_random_steps_keep_the_page_table_and_the_slots_exact(eviction):
+    t, host = make(num_slots=24, eviction=eviction)
     g = torch.Generator().manual_seed(0)
     units_total = t.scratch_unit
     for _ in range(60):
@@ -160,11 +164,25 @@ def test_slot_values_order_free_then_recency_then_reads_in_int32():
     assert RECENCY_STEPS < 5000 - 100
 
 
+def test_the_eviction_is_a_checked_config_field_that_reconfigure_switches():
+    t, host = make(num_slots=8, eviction="clock")
+    assert t.residency.hand is not None and t.residency.layer(1).hand is not None
+    with pytest.raises(ValueError, match="eviction must be value or clock"):
+        SparseConfig(budget_fraction=0.1, eviction="lru")
+    t.reconfigure(SparseConfig(budget_fraction=0.1, eviction="value"))
+    assert t.residency.layer(0).hand is None
+    for _ in range(3):  # both ways on one tier, the tables stay exact
+        for eviction in ("clock", "value"):
+            t.reconfigure(SparseConfig(budget_fraction=0.1, eviction=eviction))
+            t.clock += 1
+            units = torch.randint(0, t.scratch_unit, (6,))
+            t.residency.ensure_resident(0, units, torch.ones(6, dtype=torch.bool))
+            check_consistent(t, host)
+
+
 def test_the_allocator_implementation_is_a_checked_config_field():
     """EngineConfig.tier_alloc picks the GPU tier's allocation (no environment variable);
     anything but "triton" or "torch" is refused when the config is built."""
-    import pytest
-
     from engine.config import EngineConfig
 
     assert EngineConfig().tier_alloc == "triton" and EngineConfig().verify_graphs
@@ -176,8 +194,6 @@ def test_the_allocator_implementation_is_a_checked_config_field():
 def test_the_gather_programs_are_a_checked_config_field_that_reaches_the_fetch():
     """EngineConfig.gather_programs (no environment variable): 16 by default, refused below
     1 when the config is built; the slot allocator hands it to each layer's fetch."""
-    import pytest
-
     from engine.config import EngineConfig
     from engine.kv.residency import Residency, SlotAllocator
 

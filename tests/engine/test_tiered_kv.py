@@ -49,8 +49,9 @@ def test_a_budget_of_every_page_is_dense_attention(prompt, dense_tokens, summary
     assert 0 < stats.max_selected <= pages * 3  # pages x KV heads
 
 
-def test_a_tiny_gpu_tier_gives_the_same_tokens_as_a_large_one(prompt):
-    sparse = dict(budget_fraction=0.25)
+@pytest.mark.parametrize("eviction", ["value", "clock"])
+def test_a_tiny_gpu_tier_gives_the_same_tokens_as_a_large_one(prompt, eviction):
+    sparse = dict(budget_fraction=0.25, eviction=eviction)
     large = load(SparseConfig(**sparse))
     expected = large.generate([prompt], PARAMS)[0].token_ids
     unit = 2 * 16 * 64 * 4  # one page of one head, fp32

@@ -85,6 +85,7 @@ consts = {"HKV": 8, "W": 164, "P": 16, "E": 4096, "EB": 4096, "ROWS": 4,
           "NPROG": 16, "NONE": NOT_STAGED}
 out["stage"] = build(_stage_kernel, stage_sig, consts, 8)
 from kernels import tier_alloc as ta
+from kernels import tier_victims as tv
 i64, i32 = "*i64", "*i32"
 for name, sig in (
     ("_value_kernel", {"LAST": i64, "USES": i64, "CLOCK": i64, "VALUE": i32, "S": "i32",
@@ -107,13 +108,16 @@ for name, sig in (
 ):
     consts = {"BLOCK": 1024}
     if name.startswith("_victims"):  # rounds 1-3 take the masked histogram (round 0 too)
-        consts = {"CHUNK": ta.VICTIMS_CHUNK} | ({"ROUND": 3} if "hist" in name else {})
+        consts = {"CHUNK": tv.VICTIMS_CHUNK} | ({"ROUND": 3} if "hist" in name else {})
     if name == "_victims_write_kernel":
         consts |= {"NP": 32}
     if name == "_value_kernel":
         consts |= {"USES_BITS": 20, "RECENCY": ta.RECENCY_STEPS}
     warps = 4
-    out[f"tier_alloc.{name}"] = build(getattr(ta, name), sig, consts, warps)
+    mod = tv if name.startswith("_victims") else ta
+    if name == "_resolve_kernel":
+        consts |= {"MARK_CLOCK": False}
+    out[f"tier_alloc.{name}"] = build(getattr(mod, name), sig, consts, warps)
 from kernels.page_union import _union_compact_kernel, _union_mark_kernel
 from bench.synthetic_select import _synthetic_query_kernel
 out["union/mark"] = build(_union_mark_kernel, {"PAGES": i32, "COUNTS": i32, "BITS": i32,
@@ -139,6 +143,17 @@ out["step_units"] = build(_units_kernel, {"BT": i32, "PAGES": i32, "COUNTS": i32
                           "VALID": "*i8", "ACC": i64, "s_bt": "i32", "W": "i32", "M": "i32",
                           "ROWS": "i32", "C_SEL": "i32", "C_MAX": "i32", "C_STEPS": "i32"},
                           {"HKV": 8, "BLOCK_W": 256, "ROWS_P2": 64, "COUNT": True}, 4)
+from kernels.tier_clock import RING_BLOCK, _clock_kernel
+out["tier_clock"] = build(_clock_kernel, {"U_IN": i64, "SLOT_IN": i64, "CLAIM": i64,
+                          "RANK": i32, "MARKS": i32, "USES": i64, "UNIT_IN": i64,
+                          "SLOT_OF": i32, "HAND": i64, "CLOCK": i64, "VICTIMS": i64,
+                          "SRC": i32, "DST": i32, "COUNT": i64, "ACC": i64, "n": "i32",
+                          "S": "i32", "C_FETCHED": "i32", "C_EVICTED": "i32",
+                          "C_DEMAND": "i32"}, {"BLOCK": 1024, "SBLOCK": RING_BLOCK}, 8)
+out["tier_alloc._resolve_kernel/clock"] = build(ta._resolve_kernel, {"UNITS": i64,
+    "VALID": "*i1", "SLOT_OF": i32, "CLAIM": i64, "VALUE": i32, "LAST": i64, "CLOCK": i64,
+    "U_OUT": i64, "SLOT_OUT": i64, "ACC": i64, "n": "i32", "SCRATCH_UNIT": "i32",
+    "C_HITS": "i32", "C_TOTAL": "i32"}, {"BLOCK": 1024, "MARK_CLOCK": True}, 4)
 print(json.dumps(out))
 """
 

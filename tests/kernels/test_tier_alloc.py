@@ -94,7 +94,8 @@ def test_victims_kernels_match_reference(S1, chunk):
     """The m least valuable slots (m: the owners' count, 0 to all), ties taken from the
     lowest slot, in slot order: the radix-select kernels against the torch reference (one
     program, 5 programs with the last one partial, 2 of the engine's chunks)."""
-    from kernels.tier_alloc import least_valuable, victims_triton
+    from kernels.tier_alloc import least_valuable
+    from kernels.tier_victims import victims_triton
 
     g = torch.Generator().manual_seed(S1)
     n = 24
