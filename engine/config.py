@@ -151,6 +151,9 @@ class EngineConfig:
     # kernels.views.GATHER_PROGRAMS: 16 gather at 49.2 GB/s on the H200 and leave the other
     # SMs to the work beside them)
     gather_programs: int = 16
+    # the KV pool's dtype: "auto" (the model's) or "fp8" (float8 e4m3, kernels.fp8: half the
+    # bytes of bf16 in both tiers, the host fetches and host memory; the tiered cache only)
+    kv_dtype: str = "auto"
     # a RoPE scaling that stretches the model's window (ModelConfig.with_rope_scaling), as
     # vLLM's --rope-scaling; None: the model's own
     rope_scaling: dict[str, Any] | None = None
@@ -165,6 +168,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.kv_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_dtype must be auto or fp8, got {self.kv_dtype!r}")
+        if self.kv_dtype == "fp8" and self.sparse is None:
+            raise ValueError("kv_dtype fp8 is for the tiered cache: it needs sparse decode")
         if self.tier_alloc not in ("triton", "torch"):
             raise ValueError(f"tier_alloc must be triton or torch, got {self.tier_alloc!r}")
         if isinstance(self.gather_programs, bool) or not isinstance(self.gather_programs, int):

@@ -20,11 +20,14 @@ from __future__ import annotations
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
+from kernels.fp8 import FP8, kv_store_view, to_kv
 from kernels.views import RowPlaces, SlotTable
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.fp8 import _fp8_bits
 
     @triton.jit
     def _append_kernel(
@@ -78,6 +81,7 @@ def append_kv(
     assert pages.dtype == offsets.dtype == torch.int32 and summ.dtype == torch.float32
     if slots is not None:
         assert slots.shape == (N, Hkv) and slots.dtype == torch.int32 and gpu is not None
+    assert host.dtype != FP8, "append_kv writes no fp8 rows (the engine's is tier_append)"
     if N == 0:
         return
     if not (HAS_TRITON and (use_triton if use_triton is not None else k.is_cuda)):
@@ -141,7 +145,7 @@ if HAS_TRITON:
         K, V, SLOTS, SLOT_OF, SUMM, PAGES, OFFS,
         s_kn, s_kh, s_vn, s_vh, s_sn, s_skv, s_st, s_un, s_ur,
         HKV: tl.constexpr, D: tl.constexpr, FOLD: tl.constexpr,
-        ROW_MIN: tl.constexpr, ROW_MAX: tl.constexpr, ROW_SUM: tl.constexpr,
+        ROW_MIN: tl.constexpr, ROW_MAX: tl.constexpr, ROW_SUM: tl.constexpr, FP8: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
         h = tl.program_id(1)
@@ -153,8 +157,12 @@ if HAS_TRITON:
         slot = tl.load(SLOT_OF + unit).to(tl.int64)
         if slot >= 0:
             row = SLOTS + slot * s_sn + off * s_st + d
-            tl.store(row, k.to(SLOTS.dtype.element_ty))
-            tl.store(row + s_skv, v.to(SLOTS.dtype.element_ty))
+            if FP8:  # (SLOTS: the slots' uint8 bits)
+                tl.store(row, _fp8_bits(k))
+                tl.store(row + s_skv, _fp8_bits(v))
+            else:
+                tl.store(row, k.to(SLOTS.dtype.element_ty))
+                tl.store(row + s_skv, v.to(SLOTS.dtype.element_ty))
         if FOLD:
             fresh = off == 0
             s = SUMM + unit * s_un + d
@@ -198,10 +206,11 @@ def tier_append(
         tier_append_reference(k, v, tier, summ, at, rows, fold)
         return
     _tier_append_kernel[(N, Hkv)](
-        k, v, slots, slot_of, summ, pages, offsets,
+        k, v, kv_store_view(slots), slot_of, summ, pages, offsets,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         slots.stride(0), slots.stride(1), slots.stride(2), summ.stride(0), summ.stride(1),
         HKV=Hkv, D=D, FOLD=fold, ROW_MIN=rows["min"], ROW_MAX=rows["max"], ROW_SUM=rows["sum"],
+        FP8=slots.dtype == FP8,
     )  # fmt: skip
 
 
@@ -216,8 +225,8 @@ def tier_append_reference(k, v, tier: SlotTable, summ, at: RowPlaces, rows, fold
     offs = offsets.to(dev).long()[:, None].expand(-1, Hkv).reshape(-1)
     slot = slot_of[units].long()
     dst = torch.where(slot >= 0, slot, slots.shape[0] - 1)  # the last slot is scratch too
-    slots[dst, 0, offs] = k.reshape(-1, D).to(dev, slots.dtype)
-    slots[dst, 1, offs] = v.reshape(-1, D).to(dev, slots.dtype)
+    slots[dst, 0, offs] = to_kv(k.reshape(-1, D).to(dev), slots.dtype)
+    slots[dst, 1, offs] = to_kv(v.reshape(-1, D).to(dev), slots.dtype)
     if fold:
         fold_summaries(summ, k.reshape(-1, D), units, offs == 0, summ.shape[0] - 1, rows)
 

@@ -85,6 +85,7 @@ if HAS_TRITON:
             row = KV + unit.to(tl.int64) * s_kvn + (j % P) * s_kvt
             k = tl.load(row[:, None] + d[None, :], mask=k_mask[:, None], other=0.0)
             v = tl.load(row[:, None] + s_kvkv + d[None, :], mask=k_mask[:, None], other=0.0)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # (fp8 rows: to the query's dtype)
             if IEEE:  # fp32 inputs: no TF32 rounding, so fp32 results match the reference
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
+from kernels.fp8 import FP8
 from kernels.views import Counters, GatherLaunch, PageTable, Resident, Selected, Stage
 
 NOT_STAGED = 2**31 - 1  # a stage table's entry for a unit that no prefetch staged
@@ -136,6 +137,7 @@ def gather_pages(
     copied from there instead of the host."""
     launch = launch or GatherLaunch()
     max_programs, rows, use_triton = launch.programs, launch.rows, launch.use_triton
+    src, dst, stage = _as_bits(src, dst, stage)
     _units(src), _units(dst)
     assert src.shape[1:] == dst.shape[1:] and src.dtype == dst.dtype
     assert src_units.shape == dst_units.shape and src_units.dtype == torch.int32
@@ -164,6 +166,15 @@ def gather_pages(
         EB=EB, ROWS=rows, NPROG=nprog, HAS_STAGE=has, NONE=NOT_STAGED,
         HAS_COUNT=count is not None, num_warps=8 if rows * EB >= 8192 else 4,
     )  # fmt: skip
+
+
+def _as_bits(src, dst, stage):
+    """fp8 pools move as their bytes (torch has no CPU index_copy_ for fp8; the kernels
+    copy bits either way)."""
+    if src.dtype != FP8:
+        return src, dst, stage
+    rows = Stage(stage.rows.view(torch.uint8), stage.row_of) if stage is not None else None
+    return src.view(torch.uint8), dst.view(torch.uint8), rows
 
 
 def gather_reference(
@@ -215,6 +226,7 @@ def stage_pages(
     unit where it wanted one, else the scratch unit, for clearing row_of; page ids
     [B, Hkv, W] int32, -1 past counts). `launch.rows` is not used (the kernel's own)."""
     pages, counts = chosen.pages, chosen.counts
+    src, _, stage = _as_bits(src, stage.rows, stage)
     B, Hkv, W = pages.shape
     n = pages.numel()
     dev = stage.rows.device

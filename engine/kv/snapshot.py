@@ -49,7 +49,8 @@ from engine.kv.snapshot_header import (
 __all__ = ["SnapshotError", "load_snapshot", "read_header", "save_snapshot"]
 
 CHUNK_BYTES = 64 << 20  # the checksum unit
-_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+           torch.float8_e4m3fn: "F8_E4M3"}  # fmt: skip
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 # identity keys a snapshot must match, with what a mismatch means to a user
 _MUST_MATCH = {
@@ -114,7 +115,7 @@ def engine_identity(engine) -> dict[str, str]:
             "torch.", ""
         ),
         "page_size": str(engine.config.page_size),
-        "dtype": _DTYPES[engine.dtype],
+        "dtype": _DTYPES[engine.runner.kv.pool.dtype],  # (the pool's: fp8 or the model's)
         "num_layers": str(cfg.num_layers),
         "num_kv_heads": str(cfg.num_kv_heads),
         "head_dim": str(cfg.head_dim),
@@ -320,6 +321,8 @@ def _copy_in(mm, header, shape, pool, blocks, path) -> list[int]:
             elems = 1
             for d in shape:
                 elems *= d
+            if pool.dtype == torch.float8_e4m3fn:  # (copied as its bytes: no fp8 index_copy_)
+                pool = pool.view(torch.uint8)
             dtype = pool.dtype
             if n_pages:
                 kv = torch.frombuffer(mm, dtype=dtype, count=elems, offset=offset).view(shape)

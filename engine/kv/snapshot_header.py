@@ -30,7 +30,7 @@ from engine.errors import EngineError
 FORMAT = "agentctx-kv-snapshot"
 LAYOUT_VERSION = "1"
 MAX_HEADER = 1 << 20
-DTYPE_NAMES = ("F32", "BF16", "F16")
+DTYPE_NAMES = ("F32", "BF16", "F16", "F8_E4M3")
 # the metadata's integer fields, as decimal strings, with their least value
 _COUNTS = {
     "page_size": 1,

@@ -56,8 +56,10 @@ class TieredKV:
     after a layer, and the counters."""
 
     def __init__(self, host_pool: torch.Tensor, page_size: int, sparse: SparseConfig,
-                 device: torch.device, forecast=None,
-                 allocator: SlotAllocator | None = None) -> None:  # fmt: skip
+                 device: torch.device, forecast=None, allocator: SlotAllocator | None = None,
+                 summary_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+        """`summary_dtype`: Quest summaries' (None: the pool's; an fp8 pool's summaries are
+        the model's dtype, folded from the unrounded keys)."""
         self.sparse, self.device, self.host, self.forecast = sparse, device, host_pool, forecast
         self.L, self.num_pages, self.Hkv, _, self.P, self.D = host_pool.shape
         self.unit_bytes = 2 * self.P * self.D * host_pool.element_size()
@@ -70,7 +72,7 @@ class TieredKV:
         self._acc = torch.zeros(len(COUNTERS), dtype=torch.long, device=device)
         self.residency = Residency(host_pool, self.num_slots, device, self._acc, allocator,
                                    sparse.eviction)  # fmt: skip
-        self.selection = Selection(sparse, host_pool, device)
+        self.selection = Selection(sparse, host_pool, device, summary_dtype)
         self.prefetcher = Prefetcher(sparse, self.residency, self.selection, self._acc, self.Hkv)
         self.policy = PrefetchPolicy(sparse, self._acc, self.unit_bytes, device)
         res = self.residency

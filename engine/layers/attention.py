@@ -214,6 +214,8 @@ def _attention_per_sequence(
             ks, vs = gather_kv_from_host(kv, pages, kv_len, q.device)
         else:
             ks, vs = gather_kv(kv, pages, kv_len)
+        if ks.dtype != q.dtype:  # an fp8 pool's rows (EngineConfig.kv_dtype)
+            ks, vs = ks.to(q.dtype), vs.to(q.dtype)
         window = ctx.sliding_window if ctx.sliding_window and kv_len > ctx.sliding_window else None
         qs = q[start:end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
         if ctx.verify and window is None and not q.is_cuda:

@@ -23,6 +23,7 @@ from engine.runtime.scheduler import SchedulerOutput
 from engine.runtime.step_inputs import StepInputs, StepShape, prepare
 from engine.runtime.verify_graphs import VerifyGraphs
 from engine.runtime.verify_rows import VerifyRowGraphs
+from kernels.fp8 import FP8
 
 
 class ModelRunner:
@@ -44,13 +45,15 @@ class ModelRunner:
         # the last page is scratch: padded rows of a CUDA-graph batch write their KV there
         # with sparse decode on a GPU, the pool is the host tier: pinned host memory
         host_tier = engine_cfg.sparse is not None and device.type == "cuda"
-        self.kv = KVCache(cfg, num_pages + 1, self.page_size, dtype, device, pinned=host_tier)
+        kv_dtype = FP8 if engine_cfg.kv_dtype == "fp8" else dtype
+        self.kv = KVCache(cfg, num_pages + 1, self.page_size, kv_dtype, device, pinned=host_tier)
         self.scratch_page = num_pages
         self.rope = RotaryEmbedding(cfg, max_model_len, device, dtype)
         self.generators: dict[int, torch.Generator] = {}
         self.prefill_attn_dtype: torch.dtype | None = None
         # CPU attention reads a contiguous per-sequence copy instead of gathering pages
-        self.use_dense_kv = device.type == "cpu" and engine_cfg.cpu_dense_kv
+        # (not over an fp8 pool: attention then reads the rounded rows the pool holds)
+        self.use_dense_kv = device.type == "cpu" and engine_cfg.cpu_dense_kv and kv_dtype != FP8
         self.dense_kv: dict[int, DenseKV] = {}
         self.tiers = None
         if engine_cfg.sparse is not None:
@@ -61,7 +64,7 @@ class ModelRunner:
                                       gather_programs=engine_cfg.gather_programs)  # fmt: skip
             self.tiers = TieredKV(self.kv.pool, self.page_size, engine_cfg.sparse, device,
                                   forecast=make_forecast(model, engine_cfg.sparse),
-                                  allocator=allocator)  # fmt: skip
+                                  allocator=allocator, summary_dtype=dtype)  # fmt: skip
         sp = engine_cfg.sparse
         use_graphs = (
             engine_cfg.cuda_graphs

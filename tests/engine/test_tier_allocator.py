@@ -180,6 +180,17 @@ def test_the_eviction_is_a_checked_config_field_that_reconfigure_switches():
             check_consistent(t, host)
 
 
+def test_fp8_kv_is_a_checked_config_field_for_the_tiered_cache():
+    from engine.config import EngineConfig
+
+    assert EngineConfig().kv_dtype == "auto"
+    with pytest.raises(ValueError, match="kv_dtype must be auto or fp8"):
+        EngineConfig(kv_dtype="int8")
+    with pytest.raises(ValueError, match="kv_dtype fp8 is for the tiered cache"):
+        EngineConfig(kv_dtype="fp8")
+    assert EngineConfig(kv_dtype="fp8", sparse=SparseConfig(budget_fraction=0.1)).kv_dtype == "fp8"
+
+
 def test_the_allocator_implementation_is_a_checked_config_field():
     """EngineConfig.tier_alloc picks the GPU tier's allocation (no environment variable);
     anything but "triton" or "torch" is refused when the config is built."""

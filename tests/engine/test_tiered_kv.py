@@ -22,8 +22,8 @@ README_EXCERPT = (ROOT / "tests" / "engine" / "data" / "readme_excerpt.md").read
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
-def load(sparse: SparseConfig | None = None) -> Engine:
-    cfg = EngineConfig(sparse=sparse)
+def load(sparse: SparseConfig | None = None, kv_dtype: str = "auto") -> Engine:
+    cfg = EngineConfig(sparse=sparse, kv_dtype=kv_dtype)
     return Engine.load(None, device="cpu", dtype="float32", weights="dense", config=cfg)
 
 
@@ -63,6 +63,27 @@ def test_a_tiny_gpu_tier_gives_the_same_tokens_as_a_large_one(prompt, eviction):
     assert stats.evicted > 0 and stats.fetched > large.runner.tiers.stats.fetched
     assert 0 < stats.fetch_fraction < 1
     assert tiny.runner.tiers.resident_units() <= 30 * 60
+
+
+def test_fp8_kv_in_both_tiers_decodes_like_the_models_dtype(prompt):
+    """EngineConfig.kv_dtype = "fp8": the pool (host tier) and the GPU slots hold fp8 rows,
+    a quarter of this fp32 model's bytes; greedy tokens follow the fp32 cache's (the first
+    16 here), and a tiny GPU tier still gives exactly the tokens of a large one."""
+    from kernels.fp8 import FP8
+
+    sparse = dict(budget_fraction=0.25)
+    exact = load(SparseConfig(**sparse)).generate([prompt], PARAMS)[0].token_ids
+    fp8 = load(SparseConfig(**sparse), kv_dtype="fp8")
+    tokens = fp8.generate([prompt], PARAMS)[0].token_ids
+    runner = fp8.runner
+    assert runner.kv.pool.dtype == runner.tiers.residency.slots.dtype == FP8
+    assert runner.tiers.selection.summ.dtype == torch.float32  # (the model's)
+    assert tokens[:16] == exact[:16]
+    unit = 2 * 16 * 64  # one page of one head, fp8
+    tiny = load(SparseConfig(**sparse, gpu_kv_budget=30 * 60 * unit), kv_dtype="fp8")
+    assert tiny.runner.tiers.num_slots == 60
+    assert tiny.generate([prompt], PARAMS)[0].token_ids == tokens
+    assert tiny.runner.tiers.stats.evicted > 0
 
 
 def test_a_gpu_tier_smaller_than_the_working_set_is_a_clear_error(prompt):
@@ -128,10 +149,16 @@ def test_skip_prefill_attention_writes_the_kv_and_decodes(prompt):
     assert not torch.equal(kv[1], kv_skip[1])
 
 
-def test_a_restored_snapshot_decodes_as_the_same_context_prefilled(prompt, tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_a_restored_snapshot_decodes_as_the_same_context_prefilled(prompt, tmp_path, kv_dtype):
     """A snapshot's pages enter the tiers as a prefill's do (their key summaries folded, no
-    stale GPU slot kept), so sparse decode after a restore selects what a cold run does."""
+    stale GPU slot kept), so sparse decode after a restore selects what a cold run does; an
+    fp8 cache's snapshot holds fp8 pages, which a cache of the model's dtype refuses."""
     sparse = dict(budget_fraction=0.25)
+
+    def load(sp, kv=kv_dtype):
+        return globals()["load"](sp, kv_dtype=kv)
+
     first = load(SparseConfig(**sparse))
     s = first.open_session("s")
     stream = s.stream(prompt, PARAMS)
@@ -152,3 +179,6 @@ def test_a_restored_snapshot_decodes_as_the_same_context_prefilled(prompt, tmp_p
         pass
     assert again.request.stats.cached_tokens == t.restored_tokens
     assert list(again.token_ids) == expected
+    if kv_dtype == "fp8":
+        other = load(SparseConfig(**sparse), kv="auto").open_session("u")
+        assert not other.restore(path) and "KV dtype" in other.snapshot_error

@@ -154,6 +154,31 @@ out["tier_alloc._resolve_kernel/clock"] = build(ta._resolve_kernel, {"UNITS": i6
     "VALID": "*i1", "SLOT_OF": i32, "CLAIM": i64, "VALUE": i32, "LAST": i64, "CLOCK": i64,
     "U_OUT": i64, "SLOT_OUT": i64, "ACC": i64, "n": "i32", "SCRATCH_UNIT": "i32",
     "C_HITS": "i32", "C_TOTAL": "i32"}, {"BLOCK": 1024, "MARK_CLOCK": True}, 4)
+from kernels.rope_kv import _rope_kv_kernel
+rope_sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "COS": "*bf16", "SIN": "*bf16",
+            "PAGES": i32, "OFFS": i32, "KV": "*u8", "QOUT": "*bf16", "KOUT": "*bf16"}
+rope_sig |= {n: "i32" for n in ("s_qt", "s_qh", "s_kt", "s_kh", "s_vt", "s_vh", "s_ct", "s_ot",
+                                "s_oh", "s_kot", "s_koh", "s_kvp", "s_kvh", "s_kvkv", "s_kvt")}
+out["rope_kv/fp8"] = build(_rope_kv_kernel, rope_sig, {"HQ": 32, "D": 128, "FP8": True}, 4)
+from kernels.kv_append import _tier_append_kernel
+append_sig = {"K": "*bf16", "V": "*bf16", "SLOTS": "*u8", "SLOT_OF": i32, "SUMM": "*bf16",
+              "PAGES": i32, "OFFS": i32}
+append_sig |= {n: "i32" for n in ("s_kn", "s_kh", "s_vn", "s_vh", "s_sn", "s_skv", "s_st",
+                                  "s_un", "s_ur")}
+out["tier_append/fp8"] = build(_tier_append_kernel, append_sig, {"HKV": 8, "D": 128,
+                               "FOLD": True, "ROW_MIN": 0, "ROW_MAX": 1, "ROW_SUM": -1,
+                               "FP8": True}, 4)
+from kernels.sparse_decode import _sparse_decode_kernel
+sd_sig = {"Q": "*bf16", "KV": "*fp8e4nv", "UNITS": i32, "PAGES": i32, "COUNTS": i32,
+          "LENS": i32, "QMASK": i32, "ACC": "*fp32", "M": "*fp32", "L": "*fp32", "scale": "fp32"}
+sd_sig |= {n: "i32" for n in ("s_qb", "s_qt", "s_qh", "s_kvn", "s_kvkv", "s_kvt", "s_ub",
+                              "s_uh", "s_cb", "s_ab", "s_ah", "s_as", "s_ar", "s_mb", "s_mh",
+                              "s_ms")}
+for kv in ("*fp8e4nv", "*bf16"):
+    out[f"sparse_decode/{kv}"] = build(_sparse_decode_kernel, sd_sig | {"KV": kv}, {"HKV": 8,
+                                       "G": 4, "T": 1, "R": 16, "D": 128, "P": 16,
+                                       "BLOCK_PAGES": 4, "NUM_SPLITS": 8, "IEEE": False,
+                                       "HAS_QMASK": False}, 4)
 print(json.dumps(out))
 """
 

@@ -56,6 +56,28 @@ def test_silu_mul(dtype, rows, inter):
     close(out, silu_mul_reference(gu), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_kv_into_an_fp8_pool(dtype):
+    """An fp8 pool (EngineConfig.kv_dtype) holds the rotated k and v rounded to fp8 (k
+    saturated at +-448), the returned k stays unrounded; the kernel as the reference."""
+    from kernels.fp8 import FP8, to_fp8
+
+    T, P, N, hq, hkv, d = 9, 4, 7, 4, 2, 64
+    q, k, v = (rand(T, h, d, dtype=dtype, seed=s) * 150 for s, h in ((0, hq), (1, hkv), (2, hkv)))
+    angles = torch.arange(T, dtype=torch.float32)[:, None] * torch.rand(d // 2)[None]
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().to(dtype).to(DEVICE), emb.sin().to(dtype).to(DEVICE)
+    slots = torch.randperm(N * P)[:T]
+    at = RowPlaces((slots // P).to(DEVICE), (slots % P).to(DEVICE))
+    for use_triton in (True, False):
+        kv = torch.zeros(N, hkv, 2, P, d, dtype=FP8, device=DEVICE)
+        _, k_out = rope_kv(q, k, v, cos, sin, kv, at, use_triton=use_triton)
+        held = kv[at.pages.long(), :, :, at.offsets.long()]  # [T, Hkv, 2, D]
+        assert torch.equal(held[:, :, 0].view(torch.uint8), to_fp8(k_out).view(torch.uint8))
+        assert torch.equal(held[:, :, 1].view(torch.uint8), to_fp8(v).view(torch.uint8))
+        assert held.float().abs().max() == 448.0  # (some saturated)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (4, 4, 32), (9, 3, 128)])
 def test_rope_kv(dtype, hq, hkv, d):

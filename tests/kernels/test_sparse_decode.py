@@ -74,6 +74,23 @@ def test_kernel_matches_reference(group, head_dim, T, dtype):
     assert (out.float() - ref.float()).abs().max().item() < TOL[dtype]
 
 
+@needs_triton
+@pytest.mark.parametrize("T", [1, 3])
+def test_fp8_rows_are_attended_as_their_values(T):
+    """An fp8 pool (EngineConfig.kv_dtype): the kernel converts each row to the query's
+    dtype, so it attends exactly as over the same values in fp32."""
+    from kernels.fp8 import to_fp8
+
+    case = make_case(4, 64, T, torch.float32, seed=5)
+    q, kv, rest = case[0], case[1], case[2:6]
+    kv8 = to_fp8(kv * 3)
+    args = [t.to(DEVICE) for t in rest]
+    out = sparse(q.to(DEVICE), kv8.to(DEVICE), *args, 0.125, num_splits=3, use_triton=True)
+    want = sparse_ref(q.to(DEVICE), kv8.float().to(DEVICE), *args, 0.125)
+    assert (out.float() - want.float()).abs().max().item() < 1e-4
+    assert (sparse_ref(q.to(DEVICE), kv8.to(DEVICE), *args, 0.125) == want).all()
+
+
 @pytest.mark.parametrize("T", [1, 4])
 def test_reference_with_every_page_is_dense_causal_attention(T):
     group, D, P, Hkv = 3, 64, 16, 2

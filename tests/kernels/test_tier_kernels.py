@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import HAS_TRITON, INTERPRET
+from kernels.fp8 import FP8, to_fp8
 from kernels.kv_append import append_kv, append_kv_reference
 from kernels.page_score import empty_summaries
 from kernels.uva_gather import gather_copy_engine, gather_pages, gather_reference
@@ -144,8 +145,14 @@ def test_append_reference_on_cpu_without_triton():
     assert torch.equal(host[7 * Hkv + 1, 0, 9], k[7, 1])
 
 
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (fp8 tensors compare as their bytes)."""
+    as_bits = (lambda t: t.view(torch.uint8)) if a.dtype == FP8 else (lambda t: t)
+    return a.dtype == b.dtype and torch.equal(as_bits(a), as_bits(b))
+
+
 @needs_triton
-@pytest.mark.parametrize("layout", ["quest bf16", "mean", "all three"])
+@pytest.mark.parametrize("layout", ["quest bf16", "mean", "all three", "fp8 slots"])
 @pytest.mark.parametrize("fold", [True, False])
 def test_tier_append_matches_reference(layout, fold):
     """The tiered cache's append (one program per row and head, no atomics; rows in
@@ -155,7 +162,7 @@ def test_tier_append_matches_reference(layout, fold):
     from kernels.page_score import summary_rows
 
     Hkv, D, P, U, S = 3, 64, 16, 8 * 3, 7
-    mode = {"quest bf16": "quest", "mean": "mean", "all three": None}[layout]
+    mode = {"quest bf16": "quest", "mean": "mean", "all three": None, "fp8 slots": "quest"}[layout]
     dtype = torch.bfloat16 if layout == "quest bf16" else torch.float32
     g = torch.Generator().manual_seed(1)
     pages = torch.tensor([2, 5, 0, 7, 1], dtype=torch.int32)  # distinct
@@ -169,6 +176,8 @@ def test_tier_append_matches_reference(layout, fold):
     summ = empty_summaries(U + 1, D, mode=mode, dtype=dtype)
     summ[:] = torch.randn(summ.shape, generator=g).to(summ.dtype)  # earlier rows' statistics
     slots = torch.randn(S + 1, 2, P, D, generator=g).to(dtype)
+    if layout == "fp8 slots":  # (rows of any magnitude: some saturate)
+        k, v, slots = k * 40, v * 40, to_fp8(slots)
     rows = summary_rows(mode)
     got = [t.to(DEVICE) for t in (slots, summ)]
     want = [t.clone() for t in (slots, summ)]
@@ -180,9 +189,10 @@ def test_tier_append_matches_reference(layout, fold):
                 use_triton=False)  # fmt: skip
     # (the reference writes rows without a slot to the scratch slot, and the other rows'
     # summary resets to the scratch unit; the kernel skips both)
-    assert torch.equal(got[0][:S].cpu(), want[0][:S])
+    assert same(got[0][:S].cpu(), want[0][:S])
     assert torch.equal(got[1][:U].cpu(), want[1][:U])
-    assert torch.equal(want[0][4, 0, 0], k[0, 0]) and torch.equal(want[0][5, 1, 0], v[3, 1])
+    kv_of = to_fp8 if layout == "fp8 slots" else (lambda x: x)
+    assert same(want[0][4, 0, 0], kv_of(k[0, 0])) and same(want[0][5, 1, 0], kv_of(v[3, 1]))
     if fold and mode != "mean":  # a fresh page's min is its one row; another page's merges
         assert torch.equal(want[1][2 * 3, 0], k[0, 0])
         assert not torch.equal(want[1][5 * 3, 0], k[1, 0])
