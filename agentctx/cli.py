@@ -144,7 +144,7 @@ def cli(ctx: click.Context) -> None:
 def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_tokens, temperature, repeat_penalty,
         context_tokens, show_packing, no_references, no_check, max_steps, device, weights, backend, api_key_env, dry_run,
         sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate,
-        rope_scaling) -> None:  # fmt: skip
+        rope_scaling, kv_dtype) -> None:  # fmt: skip
     """Answer QUESTION about a repository; the turn is stored as a session (as it streams:
     SIGINT, SIGTERM, SIGHUP and even kill -9 leave it stored, marked interrupted)."""
     from agentctx.ask import history_messages
@@ -164,7 +164,7 @@ def ask(question, repo, book, session_ref, cont, model, as_json, no_save, max_to
     no_save = no_save or dry_run  # (a dry run stores nothing: the store is only read)
     output = JsonOutput() if as_json else TextOutput()
     config = engine_config(
-        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling
+        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling, kv_dtype
     )
     try:
         store = None if no_save and not (cont or session_ref) else open_store()

@@ -9,8 +9,16 @@ from agentctx.kv_snapshots import BudgetError, parse_size
 
 
 def kv_options(f):
-    """--sparse, --gpu-kv-budget, --host-kv-budget, --forecast, --prefetch, --speculate and
-    --rope-scaling, for `ask`, `tui` and `serve`."""
+    """--sparse, --gpu-kv-budget, --host-kv-budget, --kv-dtype, --forecast, --prefetch,
+    --speculate and --rope-scaling, for `ask`, `tui` and `serve`."""
+    f = click.option(
+        "--kv-dtype",
+        type=click.Choice(["auto", "fp8"]),
+        default="auto",
+        show_default=True,
+        help="The KV cache's dtype: auto (the model's) or fp8 (e4m3: half of bf16's bytes in "
+        "both tiers and in host fetches; needs --sparse).",
+    )(f)
     f = click.option(
         "--rope-scaling",
         default=None,
@@ -66,11 +74,15 @@ def kv_options(f):
 
 def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,
                   forecast: str = "off", speculate: str = "off", prefetch: str = "timed",
-                  rope_scaling: str | None = None):  # fmt: skip
+                  rope_scaling: str | None = None, kv_dtype: str = "auto"):  # fmt: skip
     """An EngineConfig for the options, with the user's cache folder; bad values raise
     click.BadParameter (exit 2)."""
     config = _engine_config(sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch)
     config.rope_scaling = parse_rope_scaling(rope_scaling)
+    if kv_dtype == "fp8" and config.sparse is None:
+        raise click.BadParameter("fp8 KV is for the tiered cache: it needs --sparse",
+                                 param_hint="--kv-dtype")  # fmt: skip
+    config.kv_dtype = kv_dtype
     return config
 
 

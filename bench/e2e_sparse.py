@@ -136,7 +136,8 @@ def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
                               forecast="off" if args.prefetch == ["off"] else "free")  # fmt: skip
     pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
     cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
-                       max_num_batched_tokens=min(window, args.chunk))  # fmt: skip
+                       max_num_batched_tokens=min(window, args.chunk),
+                       kv_dtype=args.kv_dtype if mode == "sparse" else "auto")  # fmt: skip
     capped = mode == "sparse" and torch.cuda.is_available()
     if capped:
         total = torch.cuda.get_device_properties(0).total_memory
@@ -320,6 +321,8 @@ def main() -> None:
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--eviction", default="value", choices=["value", "clock"],
                     help="the GPU tier's eviction (SparseConfig.eviction)")  # fmt: skip
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
+                    help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
     ap.add_argument(
         "--weights",
         default="dense",

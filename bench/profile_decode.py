@@ -176,6 +176,8 @@ def main() -> None:
     ap.add_argument("--gpu-kv-budget", default="5GiB")
     ap.add_argument("--eviction", default="value", choices=["value", "clock"],
                     help="the GPU tier's eviction (SparseConfig.eviction)")  # fmt: skip
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
+                    help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
     ap.add_argument(
         "--weights",
         default="dense",
@@ -206,7 +208,8 @@ def main() -> None:
         eviction=args.eviction,
     )  # fmt: skip
     cfg = EngineConfig(max_model_len=window, max_num_seqs=1, sparse=sparse,
-                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192)  # fmt: skip
+                       num_pages=-(-window // 16) + 64, max_num_batched_tokens=8192,
+                       kv_dtype="auto" if args.dense else args.kv_dtype)  # fmt: skip
     if args.dense:
         args.prefetch = ["dense"]
     elif args.device == "cuda":

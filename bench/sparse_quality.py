@@ -265,6 +265,8 @@ def main() -> None:
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
+                    help="the KV pool's dtype (EngineConfig.kv_dtype)")  # fmt: skip
     ap.add_argument("--yarn", type=float, default=None,
                     help="YaRN RoPE scaling by this factor over the model's window (Qwen2.5's "
                     "long-context recipe: 4)")  # fmt: skip
@@ -295,7 +297,8 @@ def main() -> None:
     longest = max(args.tokens + args.scored, args.passkey_tokens or 0) + 64
     rope = {"rope_type": "yarn", "factor": args.yarn} if args.yarn else None
     cfg = EngineConfig(sparse=sparse, max_num_batched_tokens=args.chunk, max_num_seqs=1,
-                       num_pages=-(-longest // 16) + 16, rope_scaling=rope)  # fmt: skip
+                       num_pages=-(-longest // 16) + 16, rope_scaling=rope,
+                       kv_dtype=args.kv_dtype)  # fmt: skip
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, weights=args.weights,
                          config=cfg)  # fmt: skip
     keep_all_summaries(engine)  # all three summary rows: each config picks Quest or mean

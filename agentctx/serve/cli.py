@@ -33,7 +33,7 @@ from agentctx.engine_options import engine_config, kv_options
 @kv_options
 def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, weights, sparse,
           gpu_kv_budget, host_kv_budget, forecast, prefetch, speculate,
-        rope_scaling) -> None:  # fmt: skip
+        rope_scaling, kv_dtype) -> None:  # fmt: skip
     """Serve the model over OpenAI's HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health)."""
     from agentctx.kv_snapshots import BudgetError, parse_size
@@ -49,7 +49,7 @@ def serve(host, port, model, api_key_env, max_body, shutdown_timeout, device, we
     except BudgetError as e:
         raise click.BadParameter(str(e), param_hint="--max-body") from None
     config = engine_config(
-        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling
+        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling, kv_dtype
     )
     sock = _bind(host, port)
     if not _loopback(host):

@@ -29,7 +29,7 @@ from agentctx.engine_options import engine_config, kv_options
 @kv_options
 def tui(repo: str, book: str | None, model: str | None, cont: bool, session_ref: str | None,
         backend, api_key_env, sparse, gpu_kv_budget, host_kv_budget, forecast, prefetch,
-        speculate, rope_scaling) -> None:  # fmt: skip
+        speculate, rope_scaling, kv_dtype) -> None:  # fmt: skip
     """Open the chat TUI."""
     from agentctx.tui import run_tui
 
@@ -40,7 +40,7 @@ def tui(repo: str, book: str | None, model: str | None, cont: bool, session_ref:
     if api_key_env is not None and backend is None:
         raise click.UsageError("--api-key-env is for a --backend")
     config = engine_config(
-        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling
+        sparse, gpu_kv_budget, host_kv_budget, forecast, speculate, prefetch, rope_scaling, kv_dtype
     )
     from agentctx.models import load_config
 

@@ -153,11 +153,12 @@ def test_usage_error_exits_2():
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_sparse_decode_over_a_small_gpu_tier(small_repo):
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_sparse_decode_over_a_small_gpu_tier(small_repo, kv_dtype):
     result = agentctx(
         "ask", "What does this repository do?", "--repo", str(small_repo), "--no-save",
         "--max-tokens", "12", "--sparse", "25%", "--gpu-kv-budget", "40MB", "--weights", "dense",
-        "--forecast", "free", "--prefetch", "always",
+        "--forecast", "free", "--prefetch", "always", "--kv-dtype", kv_dtype,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "sparse: " in result.stderr and "fetched from the host" in result.stderr
@@ -183,6 +184,8 @@ def test_forecast_prefetch_is_timed_unless_asked_always():
     --prefetch always says otherwise."""
     from agentctx.engine_options import engine_config
 
+    assert engine_config("2%", None, None, kv_dtype="fp8").kv_dtype == "fp8"
+    assert engine_config("2%", None, None).kv_dtype == "auto"
     timed = engine_config("2%", None, None, forecast="free")
     always = engine_config("2%", None, None, forecast="free", prefetch="always")
     assert timed.sparse.prefetch_policy == "timed" and timed.sparse.forecast == "free"
@@ -194,6 +197,8 @@ def test_forecast_prefetch_is_timed_unless_asked_always():
     (["--sparse", "150%"], "budget_fraction must be in (0, 1]"),
     (["--gpu-kv-budget", "2GB"], "a GPU KV budget needs --sparse"),
     (["--forecast", "free"], "Forecast prefetch needs --sparse"),
+    (["--kv-dtype", "fp8"], "fp8 KV is for the tiered cache: it needs --sparse"),
+    (["--sparse", "2%", "--kv-dtype", "int3"], "Invalid value for '--kv-dtype'"),
     (["--sparse", "2%", "--forecast", "psychic"], "Invalid value for '--forecast'"),
     (["--sparse", "2%", "--gpu-kv-budget", "many"], "not a size"),
     (["--speculate", "psychic"], "Invalid value for --speculate"),
