@@ -132,7 +132,8 @@ def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
     sparse = None
     if mode == "sparse":
         sparse = SparseConfig(budget_fraction=args.budget, summary="quest",
-                              gpu_kv_budget=parse_size(args.gpu_kv_budget), eviction=args.eviction,
+                              gpu_kv_budget=parse_size(args.gpu_kv_budget),
+                              eviction=args.eviction[0],
                               forecast="off" if args.prefetch == ["off"] else "free")  # fmt: skip
     pages = b * -(-window // 16) + 4 * b + 64  # every prompt stays cached between variants
     cfg = EngineConfig(max_model_len=window, max_num_seqs=b, sparse=sparse, num_pages=pages,
@@ -153,14 +154,17 @@ def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
     timed_decode(engine, [p[:512] for p in prompts], 4)  # warm-up: kernels compile
     rows = []
     variants = args.variants if mode == "sparse" else ["dense-resident"]
-    runs = [(v, p, g, hi) for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
+    runs = [(v, p, g, hi, e) for e in (args.eviction if mode == "sparse" else ["value"])
+            for v in variants for p in (args.prefetch if mode == "sparse" else ["off"])
             for g in (args.prefetch_programs if p != "off" else [None])
             for hi in (args.prefetch_priority if p != "off" else ["normal"])
             if not (v == "quest" and p == "oracle")]  # fmt: skip
     first = runs[0]
-    for variant, prefetch, programs, priority in runs:
+    for variant, prefetch, programs, priority, eviction in runs:
         tiers = engine.runner.tiers
         if tiers is not None:
+            tiers.sparse.eviction = eviction  # (from the next step on)
+            tiers.residency.set_eviction(eviction)
             keep = {"quest": None, "realistic": args.locality, "recurring": args.locality,
                     "worst": 0.0}[variant]  # fmt: skip
             synthetic.keep = keep
@@ -182,8 +186,10 @@ def run_ours(args, mode: str, picked: dict | None = None) -> list[dict]:
             warm = timed_decode(engine, prompts, 4 if prefetch != "timed" else 32)
             tiers.reset_stats()
         row = {"context": n, "batch": b, "mode": mode, "variant": variant, "prefetch": prefetch,
-               "prefetch_programs": programs, "prefetch_priority": priority, **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
-        if tiers is not None and (variant, prefetch, programs, priority) == first:
+               "prefetch_programs": programs, "prefetch_priority": priority,
+               "eviction": eviction, "weights": args.weights,
+               "kv_dtype": args.kv_dtype if mode == "sparse" else "auto", **timed_decode(engine, prompts, args.new_tokens), **memory()}  # fmt: skip
+        if tiers is not None and (variant, prefetch, programs, priority, eviction) == first:
             row["prefill_s"] = warm["prefill_s"]  # the timed run found the prompt cached
         if tiers is not None:
             st = tiers.stats
@@ -319,8 +325,8 @@ def main() -> None:
                     help="the prefetch stream's priority; one run each")  # fmt: skip
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
-    ap.add_argument("--eviction", default="value", choices=["value", "clock"],
-                    help="the GPU tier's eviction (SparseConfig.eviction)")  # fmt: skip
+    ap.add_argument("--eviction", nargs="+", default=["value"], choices=["value", "clock"],
+                    help="the GPU tier's evictions, each over the same engine")  # fmt: skip
     ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
                     help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
     ap.add_argument(
@@ -364,6 +370,8 @@ def main() -> None:
             pf += f"/{r['prefetch_programs']}"
         if r.get("prefetch_priority") == "high":
             pf += "/hi"
+        if r["mode"] == "sparse":  # (weights, KV dtype, eviction)
+            pf += f" {r['weights']}/{r['kv_dtype']}/{r['eviction']}"
         if r.get("recall") is not None:
             extra += (f"  recall {r['recall']:6.1%}  critical {r['critical_mb_per_token']:6.1f} "
                       f"MB/token")  # fmt: skip

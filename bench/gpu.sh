@@ -26,8 +26,10 @@ usage: bash bench/gpu.sh TARGET [STEP[,STEP...]]   (results under \$OUT, now $OU
                REAL: the staged GGUFs and a folder with books/, ref05.json, ref15.json,
                book_ids.json from bench.gpu_real_model ref; BUNDLE as for serve)
   sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K,
-               where a decode step's time goes (bench.profile_decode)
-  sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K
+               where a decode step's time goes (bench.profile_decode); 7-10: int4 weights,
+               fp8 KV and the CLOCK eviction, and the eviction alone
+  sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K; 3: int4
+               weights, fp8 KV and the CLOCK eviction
   spec         speculative verification: graphs against eager, its cost at 128K and 500K
   serve        agentctx serve at 1, 4 and 16 clients against generate on the same batch
                (the HTTP layer's cost; needs the bundle of scripts/eval_bundle.py carried
@@ -145,6 +147,9 @@ real_quality() {  # the steps behind docs/quality.md's Qwen2.5-Coder table, in i
     esac
 }
 
+# int4 weights and fp8 KV in both tiers (prefill attention skipped: dummy weights)
+bytes=(--weights int4 --kv-dtype fp8 --skip-prefill-attention)
+
 sparse_128k() {
     local e2e=(-m bench.e2e_sparse --context 131072 --batch 1)
     case $1 in
@@ -162,6 +167,18 @@ sparse_128k() {
     6) step profile_decode_128k 300 "$PY" -m bench.profile_decode --context 131072 \
         --variant realistic --prefetch off --skip-prefill-attention \
         --json "$OUT/profile_decode_128k.json" ;;
+    # fewer bytes a token: int4 weights, fp8 KV in both tiers, and the CLOCK eviction
+    7) step e2e_sparse_128k_bytes 300 "$PY" "${e2e[@]}" "${bytes[@]}" --eviction value clock \
+        --variants quest realistic worst --json "$OUT/e2e_sparse_128k_bytes.json" ;;
+    8) step e2e_sparse_128k_eviction 300 "$PY" "${e2e[@]}" --eviction value clock \
+        --variants realistic worst --skip-prefill-attention \
+        --json "$OUT/e2e_sparse_128k_eviction.json" ;;
+    9) step profile_decode_128k_bytes 300 "$PY" -m bench.profile_decode --context 131072 \
+        --variant realistic --prefetch off "${bytes[@]}" --eviction clock \
+        --json "$OUT/profile_decode_128k_bytes.json" ;;
+    10) step e2e_sparse_128k_b4_bytes 590 "$PY" -m bench.e2e_sparse --context 130000 --batch 4 \
+        --gpu-kv-budget 2GiB "${bytes[@]}" --eviction clock --variants realistic worst \
+        --json "$OUT/e2e_sparse_128k_b4_bytes.json" ;;
     *) return 1 ;;
     esac
 }
@@ -174,6 +191,8 @@ sparse_500k() {
     2) step e2e_prefetch_500k 590 "$PY" "${e2e[@]}" --variants worst realistic \
         --prefetch off forecast timed oracle --skip-prefill-attention \
         --json "$OUT/e2e_prefetch_500k.json" ;;
+    3) step e2e_sparse_500k_bytes 590 "$PY" "${e2e[@]}" "${bytes[@]}" --eviction clock \
+        --variants realistic worst --json "$OUT/e2e_sparse_500k_bytes.json" ;;
     *) return 1 ;;
     esac
 }
