@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from bench.synthetic_draw import NEVER, synthetic_draw, synthetic_stamp
 from bench.synthetic_select import synthetic_query_scores
 from engine.kv import PageScorer
 
@@ -54,19 +55,31 @@ class SyntheticScorer(PageScorer):
     probability (1.0: the oracle prefetch; the training-free predictor measured 0.92-0.93,
     docs/quality.md). Per row, not per physical page: sequences that share a prompt's pages
     do not keep each other's (a rule per page let eight sequences over one context settle
-    on the pages any of them had read, and fetch nothing)."""
+    on the pages any of them had read, and fetch nothing). A decode step also computes the
+    engine's own page scores and drops them, so that it costs what a real step does."""
 
     def __init__(self, tiers, keep: float, recurring: float = 0.0, recall: float = 1.0):
         self.tiers, self.keep, self.recurring, self.recall = tiers, keep, recurring, recall
         self._next: dict[int, torch.Tensor] = {}  # drawn ahead by a simulated forecast
-        self._prev: dict[tuple[int, int, bool], torch.Tensor] = {}
+        self._prev: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def reset(self) -> None:
         self._next.clear()
 
     def decode_scores(self, layer, q, block_tables, kv_lens, scale) -> torch.Tensor:
+        self.real_scores(layer, q, block_tables, kv_lens)
         scores = self._next.pop(layer, None)  # drawn ahead by a synthetic forecast, or now
         return self.draw(layer, block_tables) if scores is None else scores
+
+    def real_scores(self, layer, q, block_tables, kv_lens) -> torch.Tensor:
+        """The scores the engine's own selection computes (page_scores over the summaries),
+        not used: a step with synthetic selections costs what a real one does."""
+        from kernels.page_score import PageSummaries, page_scores
+        from kernels.views import PageTable
+
+        t = self.tiers
+        summ = PageSummaries(t.selection.summ[layer], t.Hkv, t.sparse.summary)
+        return page_scores(q, summ, PageTable(block_tables, kv_lens.to(torch.int32), t.P))
 
     def verify_scores(self, layer, block_tables, budgets, T) -> torch.Tensor:
         """Query 0 draws as a decode step would (the draw a prefetch predicted from, if one
@@ -81,7 +94,7 @@ class SyntheticScorer(PageScorer):
             first = self.draw(layer, block_tables)
         seen = None
         if self.recurring:
-            seen = self.prev(layer, block_tables.shape[0], seen=True)
+            seen = self.seen_pages(layer, block_tables.shape[0])
         return synthetic_query_scores(first, T, budgets, seen, self.recurring,
                                       self.tiers.clock, layer)  # fmt: skip
 
@@ -96,17 +109,19 @@ class SyntheticScorer(PageScorer):
 
     def draw(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
         """Random scores [B, Hkv, M], except that each page the row read at this layer at
-        the step before wins again with probability `keep`."""
+        the step before wins again with probability `keep` (bench.synthetic_draw: one
+        kernel on a GPU)."""
         B, M = block_tables.shape
-        Hkv, dev = self.tiers.Hkv, self.tiers.device
-        read_last = self.prev(layer, B)[..., :M]
-        keep = read_last & (torch.rand(B, Hkv, M, device=dev) < self.keep)
-        scores = torch.rand(B, Hkv, M, device=dev) + 2.0 * keep.float()
+        Hkv, dev, clock = self.tiers.Hkv, self.tiers.device, self.tiers.clock
+        stamp = self.stamps(layer, B)
+        scores = synthetic_draw(stamp, clock, self.keep, M, salt=layer)
         if self.recurring:
+            read_last = stamp[..., :M] == (clock - 1).to(torch.int32)
+            keep = scores >= 2.0  # (the kept pages: the rest score below 1)
             # the pages to replace (read at the step before, not kept): about `recurring`
             # of them come from pages read earlier, which rank between the kept pages and
             # the rest
-            seen = self.prev(layer, B, seen=True)[..., :M] & ~read_last
+            seen = self.seen_pages(layer, B)[..., :M] & ~read_last
             need = (read_last & ~keep).sum(-1, keepdim=True).float()
             p = (self.recurring * need / seen.sum(-1, keepdim=True).clamp(min=1)).clamp(max=1)
             scores = scores + (seen & (torch.rand(B, Hkv, M, device=dev) < p)).float()
@@ -114,24 +129,31 @@ class SyntheticScorer(PageScorer):
 
     def selected(self, layer, pages, valid) -> None:
         """What each row read at this step (pages, valid [B, T, Hkv, W]: T queries), for
-        the next step's locality: the last query's pages; and every query's among the pages
-        read at any step (the recurring draws')."""
+        the next step's locality: the last query's pages, stamped with the step; and every
+        query's among the pages read at any step (the recurring draws')."""
         B = pages.shape[0]
-        prev = self.prev(layer, B)
-        none = prev.shape[-1] - 1
-        prev.zero_()
-        prev.scatter_(-1, torch.where(valid[:, -1], pages[:, -1].long(), none), True)
+        synthetic_stamp(self.stamps(layer, B), pages[:, -1], valid[:, -1], self.tiers.clock)
         if self.recurring:
-            seen = self.prev(layer, B, seen=True)
+            none = self.tiers.num_pages
+            seen = self.seen_pages(layer, B)
             at = torch.where(valid, pages.long(), none).transpose(1, 2)
             seen.scatter_(-1, at.reshape(B, self.tiers.Hkv, -1), True)
             seen[..., none] = False
 
-    def prev(self, layer: int, rows: int, seen: bool = False) -> torch.Tensor:
-        """[rows, Hkv, pages + 1] bool: the page positions each row read at `layer` at its
-        last step (`seen`: at any step) (one buffer per layer and row count, updated in
-        place: CUDA graphs)."""
-        key = (layer, rows, seen)
+    def stamps(self, layer: int, rows: int) -> torch.Tensor:
+        """[rows, Hkv, pages + 1] int32: the step at which each row last read each page at
+        `layer` (one buffer per layer and row count, updated in place: CUDA graphs)."""
+        key = (layer, rows, "stamp")
+        if key not in self._prev:
+            t = self.tiers
+            self._prev[key] = torch.full((rows, t.Hkv, t.num_pages + 1), NEVER,
+                                         dtype=torch.int32, device=t.device)  # fmt: skip
+        return self._prev[key]
+
+    def seen_pages(self, layer: int, rows: int) -> torch.Tensor:
+        """[rows, Hkv, pages + 1] bool: the pages each row read at `layer` at any step (one
+        buffer per layer and row count, updated in place: CUDA graphs)."""
+        key = (layer, rows, "seen")
         if key not in self._prev:
             t = self.tiers
             self._prev[key] = torch.zeros(rows, t.Hkv, t.num_pages + 1, dtype=torch.bool,

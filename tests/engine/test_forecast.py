@@ -304,8 +304,8 @@ def test_synthetic_verifications_redraw_pages_read_earlier(recurring):
     torch.manual_seed(0)
     seen = torch.rand(B, Hkv, M, generator=g) < 0.3  # read at earlier steps
     prev = seen & (torch.rand(B, Hkv, M, generator=g) < 0.6)  # at the step before (~72)
-    scorer.prev(0, B)[..., :M] = prev
-    scorer.prev(0, B, seen=True)[..., :M] = seen
+    scorer.stamps(0, B)[..., :M][prev] = int(tiers.clock) - 1
+    scorer.seen_pages(0, B)[..., :M] = seen
     block_tables = torch.arange(M, dtype=torch.int32)[None]
     kv_lens = torch.tensor([M * tiers.P], dtype=torch.int32)
     q = torch.zeros(B, T, engine.model_config.num_heads, engine.model_config.head_dim)
@@ -332,4 +332,4 @@ def test_synthetic_verifications_redraw_pages_read_earlier(recurring):
         n = int(counts[0, h])
         p, bits = pages[0, h, :n].long(), qmask[0, h, :n]
         last[0, h, p[(bits >> (T - 1)) & 1 == 1]] = True
-    assert torch.equal(scorer.prev(0, B)[..., :M], last)
+    assert torch.equal(scorer.stamps(0, B)[..., :M] == int(tiers.clock), last)

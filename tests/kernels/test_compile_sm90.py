@@ -179,6 +179,14 @@ for kv in ("*fp8e4nv", "*bf16"):
                                        "G": 4, "T": 1, "R": 16, "D": 128, "P": 16,
                                        "BLOCK_PAGES": 4, "NUM_SPLITS": 8, "IEEE": False,
                                        "HAS_QMASK": False}, 4)
+from bench.synthetic_draw import _synthetic_draw_kernel, _synthetic_stamp_kernel
+out["synthetic_draw"] = build(_synthetic_draw_kernel, {"STAMP": i32, "OUT": "*fp32",
+                              "CLOCK": i64, "salt": "i32", "M": "i32", "keep": "fp32",
+                              "s_sb": "i32", "s_sh": "i32"}, {"HKV": 8, "BLOCK": 1024}, 4)
+out["synthetic_stamp"] = build(_synthetic_stamp_kernel, {"PAGES": i32, "VALID": "*u8",
+                               "STAMP": i32, "CLOCK": i64, "W": "i32", "s_pb": "i32",
+                               "s_ph": "i32", "s_vb": "i32", "s_vh": "i32", "s_sb": "i32",
+                               "s_sh": "i32"}, {"HKV": 8, "BLOCK": 256}, 4)
 print(json.dumps(out))
 """
 
