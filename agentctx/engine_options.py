@@ -11,14 +11,9 @@ from agentctx.kv_snapshots import BudgetError, parse_size
 def kv_options(f):
     """--sparse, --gpu-kv-budget, --host-kv-budget, --kv-dtype, --forecast, --prefetch,
     --speculate and --rope-scaling, for `ask`, `tui` and `serve`."""
-    f = click.option(
-        "--kv-dtype",
-        type=click.Choice(["auto", "fp8"]),
-        default="auto",
-        show_default=True,
-        help="The KV cache's dtype: auto (the model's) or fp8 (e4m3: half of bf16's bytes in "
-        "both tiers and in host fetches; needs --sparse).",
-    )(f)
+    f = _choice(f, "--kv-dtype", ["auto", "fp8"], "auto",
+                "The KV cache's dtype: auto (the model's) or fp8 (e4m3: half of bf16's bytes in "
+                "both tiers and in host fetches; needs --sparse).")  # fmt: skip
     f = click.option(
         "--rope-scaling",
         default=None,
@@ -37,22 +32,13 @@ def kv_options(f):
         "holds a continuation, else self), draft:PATH (a small model of the same tokenizer), "
         "or auto (lookup). Greedy output is unchanged.",
     )(f)
-    f = click.option(
-        "--forecast",
-        type=click.Choice(["off", "free", "trained"]),
-        default="off",
-        show_default=True,
-        help="Prefetch the next layer's predicted pages (needs --sparse): the training-free "
-        "predictor, or the trained one shipped for the model.",
-    )(f)
-    f = click.option(
-        "--prefetch",
-        type=click.Choice(["timed", "always"]),
-        default="timed",
-        show_default=True,
-        help="When --forecast prefetches: timed (only while decode steps fetch many pages "
-        "from the host and, timed both ways now and then, run faster with it) or always.",
-    )(f)
+    f = _choice(f, "--forecast", ["off", "free", "trained"], "off",
+                "Prefetch the next layer's predicted pages (needs --sparse): the training-free "
+                "predictor, or the trained one shipped for the model.")  # fmt: skip
+    f = _choice(f, "--prefetch", ["timed", "always"], "timed",
+                "When --forecast prefetches: timed (only while decode steps fetch many pages "
+                "from the host and, timed both ways now and then, run faster with it) or "
+                "always.")  # fmt: skip
     f = click.option(
         "--host-kv-budget",
         default=None,
@@ -70,6 +56,11 @@ def kv_options(f):
         help="Sparse decode attention reading BUDGET of each sequence's pages: 2% or 4096 (tokens).",
     )(f)
     return f
+
+
+def _choice(f, name: str, choices: list[str], default: str, help: str):
+    return click.option(name, type=click.Choice(choices), default=default, show_default=True,
+                        help=help)(f)  # fmt: skip
 
 
 def engine_config(sparse: str | None, gpu_kv_budget: str | None, host_kv_budget: str | None,

@@ -297,6 +297,18 @@ def transformers_in_child(args) -> list[dict]:
     return [row]
 
 
+def add_bytes_options(ap, several_evictions: bool) -> None:
+    """--weights, --kv-dtype and --eviction (here and in bench.profile_decode)."""
+    ap.add_argument("--weights", default="dense", choices=["dense", "int4"],
+                    help="int4: every layer's linears as 4-bit groups (the W4A16 kernel)")  # fmt: skip
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
+                    help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
+    ap.add_argument("--eviction", nargs="+" if several_evictions else None,
+                    default=["value"] if several_evictions else "value", choices=["value", "clock"],
+                    help="the GPU tier's eviction (SparseConfig.eviction)"
+                    + (": each over the same engine" if several_evictions else ""))  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=131072)
@@ -325,16 +337,7 @@ def main() -> None:
                     help="the prefetch stream's priority; one run each")  # fmt: skip
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
-    ap.add_argument("--eviction", nargs="+", default=["value"], choices=["value", "clock"],
-                    help="the GPU tier's evictions, each over the same engine")  # fmt: skip
-    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
-                    help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
-    ap.add_argument(
-        "--weights",
-        default="dense",
-        choices=["dense", "int4"],
-        help="int4: every layer's linears as 4-bit groups (the W4A16 kernel)",
-    )
+    add_bytes_options(ap, several_evictions=True)
     ap.add_argument("--chunk", type=int, default=8192, help="prefill tokens per step")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dense", action="store_true", help="also our dense-resident mode")

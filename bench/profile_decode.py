@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from bench.e2e_sparse import model_config, prompts_for, sync, timed_decode
+from bench.e2e_sparse import add_bytes_options, model_config, prompts_for, sync, timed_decode
 from bench.scorers import MEASURED_FORECAST_RECALL, MEASURED_LOCALITY
 
 
@@ -174,16 +174,7 @@ def main() -> None:
     ap.add_argument("--prefetch", nargs="+", default=["off", "forecast"])
     ap.add_argument("--gpu-budget", default="24GiB")
     ap.add_argument("--gpu-kv-budget", default="5GiB")
-    ap.add_argument("--eviction", default="value", choices=["value", "clock"],
-                    help="the GPU tier's eviction (SparseConfig.eviction)")  # fmt: skip
-    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
-                    help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
-    ap.add_argument(
-        "--weights",
-        default="dense",
-        choices=["dense", "int4"],
-        help="int4: every layer's linears as 4-bit groups (the W4A16 kernel)",
-    )
+    add_bytes_options(ap, several_evictions=False)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-prefill-attention", action="store_true",
                     help="build the context without prefill attention (dummy weights: decode "

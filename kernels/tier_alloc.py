@@ -138,18 +138,12 @@ if HAS_TRITON:
         tl.store(OWNER + i, owner.to(tl.int64), mask=m)
 
     @triton.jit
-    def _assign_kernel(
-        U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, USES, SRC, DST, ACC, n,
-        C_FETCHED, C_EVICTED, C_DEMAND, BLOCK: tl.constexpr,
-    ):  # fmt: skip
-        """Owner r-th in entry order (RANK: the inclusive count of owners) takes the r-th
-        least valuable slot. Programs touch disjoint slots and units: owners' victims are
-        distinct, and an evicted unit is never a missing one (resident units the step reads
-        are protected). The fetch list is compacted: owner r at entry r - 1 of SRC / DST,
-        and -1 in DST from entry (owners) on, so the gather walks only the owners."""
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = i < n
-        total = tl.load(RANK + n - 1)
+    def _take_victims(U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, USES, SRC, DST, i, m, total,
+                      BLOCK: tl.constexpr):  # fmt: skip
+        """Entries i (where m): owner r-th in entry order (RANK: the inclusive count of
+        owners) takes victim r, evicting its unit; the fetch list is compacted: owner r at
+        entry r - 1 of SRC / DST, and -1 in DST from entry `total` (the owners) on, so the
+        gather walks only the owners. Returns (owner, evicted, dst)."""
         rank = tl.load(RANK + i, mask=m, other=0)
         before = tl.load(RANK + i - 1, mask=m & (i > 0), other=0)
         owner = m & (rank > before)
@@ -166,6 +160,21 @@ if HAS_TRITON:
         past = m & (i >= total)  # (entries below `total` are owners' places)
         tl.store(SRC + i, tl.zeros([BLOCK], tl.int32), mask=past)
         tl.store(DST + i, tl.full([BLOCK], -1, tl.int32), mask=past)
+        return owner, evicted, dst
+
+    @triton.jit
+    def _assign_kernel(
+        U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, USES, SRC, DST, ACC, n,
+        C_FETCHED, C_EVICTED, C_DEMAND, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """The owners take the least valuable slots (_take_victims). Programs touch
+        disjoint slots and units: owners' victims are distinct, and an evicted unit is never
+        a missing one (resident units the step reads are protected)."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        total = tl.load(RANK + n - 1)
+        owner, evicted, dst = _take_victims(U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, USES, SRC,
+                                            DST, i, m, total, BLOCK)  # fmt: skip
         fetched = tl.sum(owner.to(tl.int64), 0)
         tl.atomic_add(ACC + C_FETCHED, fetched)
         tl.atomic_add(ACC + C_DEMAND, fetched)

@@ -37,7 +37,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.tier_alloc import _finish_kernel, _resolve_kernel
+    from kernels.tier_alloc import _finish_kernel, _resolve_kernel, _take_victims
 
     @triton.jit
     def _clock_kernel(
@@ -85,27 +85,13 @@ if HAS_TRITON:
             tl.store(USES + (hand + pos) % S, tl.zeros([SBLOCK], tl.int64), mask=passed)
         tl.store(HAND, (hand + end) % S)
         tl.debug_barrier()
-        # 4. owner r takes victim r (kernels.tier_alloc._assign_kernel's rules), marked read
+        # 4. owner r takes victim r (kernels.tier_alloc._take_victims), marked read
         for start in range(0, n, BLOCK):
             i = start + tl.arange(0, BLOCK)
             m = i < n
-            rank = tl.load(RANK + i, mask=m, other=0)
-            before = tl.load(RANK + i - 1, mask=m & (i > 0), other=0)
-            owner = m & (rank > before)
-            u = tl.load(U_IN + i, mask=m, other=0)
-            dst = tl.load(VICTIMS + rank - 1, mask=owner, other=0)
-            old = tl.load(UNIT_IN + dst, mask=owner, other=-1)
-            evicted = owner & (old >= 0)
-            tl.store(SLOT_OF + old, -1, mask=evicted)
-            tl.store(SLOT_OF + u, dst.to(tl.int32), mask=owner)
-            tl.store(UNIT_IN + dst, u, mask=owner)
-            tl.store(USES + dst, 0, mask=owner)
+            owner, evicted, dst = _take_victims(U_IN, RANK, VICTIMS, SLOT_OF, UNIT_IN, USES,
+                                                SRC, DST, i, m, total, BLOCK)  # fmt: skip
             tl.store(MARKS + dst, step, mask=owner)
-            tl.store(SRC + rank - 1, u.to(tl.int32), mask=owner)
-            tl.store(DST + rank - 1, dst.to(tl.int32), mask=owner)
-            past = m & (i >= total)
-            tl.store(SRC + i, tl.zeros([BLOCK], tl.int32), mask=past)
-            tl.store(DST + i, tl.full([BLOCK], -1, tl.int32), mask=past)
             tl.atomic_add(ACC + C_EVICTED, tl.sum(evicted.to(tl.int64), 0))
         tl.store(COUNT, total.to(tl.int64))
         tl.atomic_add(ACC + C_FETCHED, total.to(tl.int64))

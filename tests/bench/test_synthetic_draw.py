@@ -9,13 +9,7 @@ import pytest
 import torch
 
 from bench.synthetic_draw import NEVER, synthetic_draw, synthetic_stamp
-from kernels import HAS_TRITON, INTERPRET
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
-IMPLS = ["torch", pytest.param("triton", marks=needs_triton)]
+from tests.bench.test_synthetic_select import DEVICE, IMPLS, needs_triton
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -45,6 +45,28 @@ def clone(st: LayerState, rest: dict) -> tuple[LayerState, dict]:
     return LayerState(**t), {k: v.clone() for k, v in rest.items()}
 
 
+def random_steps(n: int, U: int, st: LayerState, seed: int, steps: int = 24):
+    """Each step's (units [n], valid [n], stage or None) on the device: a page shared by
+    two sequences, every third step half the entries from a few pages (locality), every
+    other step a prefetch's stage holding some units (rows unlike the host's, so that a
+    slot filled from the stage shows it)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(n, 2, st.slots.shape[2], st.slots.shape[3], generator=g).to(DEVICE)
+    for step in range(steps):
+        units = torch.randint(0, U, (n,), generator=g)
+        units[5] = units[4]
+        if step % 3 == 0:
+            units[: n // 2] = torch.randint(0, U // 8, (n // 2,), generator=g)
+        valid = torch.rand(n, generator=g) < 0.8
+        stage = None
+        if step % 2:
+            stage_of = torch.full((U + 1,), NOT_STAGED, dtype=torch.int32)
+            pick = torch.randperm(U, generator=g)[: n // 3]
+            stage_of[pick] = torch.randperm(n, generator=g)[: n // 3].to(torch.int32)
+            stage = Stage(rows, stage_of.to(DEVICE))
+        yield units.to(DEVICE), valid.to(DEVICE), stage
+
+
 @needs_triton
 @pytest.mark.parametrize("victims_kernel", [True, False])  # False: a Triton without it
 @pytest.mark.parametrize("n", [20, 1500])  # one block of entries, and several
@@ -54,24 +76,9 @@ def test_kernels_match_the_reference(n, victims_kernel):
     S, U = (30, 120) if n == 20 else (1600, 5000)
     a, ra = state(S, U)
     b, rb = clone(a, ra)
-    g = torch.Generator().manual_seed(n)
-    # a prefetch's stage: some units already on the device (rows unlike the host's, so a
-    # slot filled from the stage shows it)
-    rows = torch.randn(n, 2, a.slots.shape[2], a.slots.shape[3], generator=g).to(DEVICE)
-    for step in range(24):
+    for step, (units, valid, stage) in enumerate(random_steps(n, U, a, seed=n)):
         for s in (a, b):
             s.clock += 1
-        units = torch.randint(0, U, (n,), generator=g)
-        units[5] = units[4]  # a page shared by two sequences
-        if step % 3 == 0:  # locality: read again what the step before read
-            units[: n // 2] = torch.randint(0, U // 8, (n // 2,), generator=g)
-        valid = torch.rand(n, generator=g) < 0.8
-        stage_of = torch.full((U + 1,), NOT_STAGED, dtype=torch.int32)
-        if step % 2:
-            pick = torch.randperm(U, generator=g)[: n // 3]
-            stage_of[pick] = torch.randperm(n, generator=g)[: n // 3].to(torch.int32)
-        stage = Stage(rows, stage_of.to(DEVICE)) if step % 2 else None
-        units, valid = units.to(DEVICE), valid.to(DEVICE)
         got = allocate_triton(a, units, valid, ra["acc"], _C, stage=stage,
                               victims=allocator.victims)  # fmt: skip
         want = allocate_reference(b, units, valid, rb["acc"], _C, stage=stage)

@@ -13,8 +13,8 @@ from engine.kv.sparse_config import C as _C
 from kernels import HAS_TRITON, INTERPRET
 from kernels.tier_alloc import NO_CLAIM, LayerState
 from kernels.tier_clock import allocate_clock_reference, allocate_clock_triton
-from kernels.uva_gather import NOT_STAGED
-from kernels.views import Stage
+from tests.kernels.test_tier_alloc import clone, random_steps
+from tests.kernels.test_tier_alloc import state as value_state
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -22,28 +22,12 @@ needs_triton = pytest.mark.skipif(
 )
 
 
-def state(S: int, U: int, P: int = 4, D: int = 8, seed: int = 0, device: str = DEVICE):
-    g = torch.Generator().manual_seed(seed)
-    host = torch.randn(U + 1, 2, P, D, generator=g)
-    host = host.pin_memory() if device == "cuda" else host
-    slot_of = torch.full((U + 1,), -1, dtype=torch.int32)
-    slot_of[U] = S
-    unit_in = torch.full((S + 1,), -1, dtype=torch.long)
-    unit_in[S] = U
-    long = dict(dtype=torch.long, device=device)
-    st = LayerState(slot_of.to(device), unit_in.to(device), torch.full((S + 1,), -1, **long),
-                    torch.zeros(S + 1, **long), host,
-                    torch.zeros(S + 1, 2, P, D, device=device),
-                    torch.full((U + 1,), NO_CLAIM, **long), torch.zeros((), **long),
-                    marks=torch.full((S + 1,), -1, dtype=torch.int32, device=device),
-                    hand=torch.zeros((), **long))  # fmt: skip
-    return st, torch.zeros(len(_C), **long)
-
-
-def clone(st: LayerState) -> LayerState:
-    t = {f: getattr(st, f) for f in st.__dataclass_fields__}
-    return LayerState(**{f: (v.clone() if torch.is_tensor(v) and f != "host_units" else v)
-                         for f, v in t.items()})  # fmt: skip
+def state(S: int, U: int) -> tuple[LayerState, torch.Tensor]:
+    """test_tier_alloc's layer state, with the CLOCK eviction's marks and hand."""
+    st, rest = value_state(S, U)
+    st.marks = torch.full((S + 1,), -1, dtype=torch.int32, device=DEVICE)
+    st.hand = torch.zeros((), dtype=torch.long, device=DEVICE)
+    return st, rest["acc"]
 
 
 @needs_triton
@@ -52,24 +36,11 @@ def test_kernels_match_the_reference(n, S, U):
     """One block of entries and a ring shorter than a round of the walk; several blocks
     and rounds; a tier with one slot more than the step reads (second turns)."""
     a, acc_a = state(S, U)
-    b, acc_b = clone(a), acc_a.clone()
-    g = torch.Generator().manual_seed(n)
-    rows = torch.randn(n, 2, a.slots.shape[2], a.slots.shape[3], generator=g).to(DEVICE)
-    for step in range(24):
+    b, rest = clone(a, {"acc": acc_a})
+    acc_b = rest["acc"]
+    for step, (units, valid, stage) in enumerate(random_steps(n, U, a, seed=n)):
         for s in (a, b):
             s.clock += 1
-        units = torch.randint(0, U, (n,), generator=g)
-        units[5] = units[4]  # a page shared by two sequences
-        if step % 3 == 0:  # locality: read again what the step before read
-            units[: n // 2] = torch.randint(0, U // 8, (n // 2,), generator=g)
-        valid = torch.rand(n, generator=g) < 0.8
-        stage = None
-        if step % 2:  # a prefetch's stage: some units already on the device
-            stage_of = torch.full((U + 1,), NOT_STAGED, dtype=torch.int32)
-            pick = torch.randperm(U, generator=g)[: n // 3]
-            stage_of[pick] = torch.randperm(n, generator=g)[: n // 3].to(torch.int32)
-            stage = Stage(rows, stage_of.to(DEVICE))
-        units, valid = units.to(DEVICE), valid.to(DEVICE)
         got = allocate_clock_triton(a, units, valid, acc_a, _C, stage=stage)
         want = allocate_clock_reference(b, units, valid, acc_b, _C, stage=stage)
         assert torch.equal(got.cpu(), want.cpu()), step
@@ -99,7 +70,7 @@ IMPLS = [allocate_clock_reference, pytest.param(allocate_clock_triton, marks=nee
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_the_hand_gives_read_slots_a_second_chance(impl):
-    st, acc = state(4, 20, device="cpu" if impl is allocate_clock_reference else DEVICE)
+    st, acc = state(4, 20)
     assert step(st, acc, [10, 11], impl) == [0, 1]  # free slots in ring order
     assert step(st, acc, [12, 13], impl) == [2, 3]
     assert int(st.hand) == 0
