@@ -155,10 +155,13 @@ if HAS_TRITON:
         unit = tl.load(PAGES + i).to(tl.int64) * HKV + h
         off = tl.load(OFFS + i).to(tl.int64)
         slot = tl.load(SLOT_OF + unit).to(tl.int64)
+        if FP8:  # the rows as the tiers hold them: k is folded rounded too
+            k8 = _fp8_bits(k)
+            k = k8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         if slot >= 0:
             row = SLOTS + slot * s_sn + off * s_st + d
             if FP8:  # (SLOTS: the slots' uint8 bits)
-                tl.store(row, _fp8_bits(k))
+                tl.store(row, k8)
                 tl.store(row + s_skv, _fp8_bits(v))
             else:
                 tl.store(row, k.to(SLOTS.dtype.element_ty))
@@ -225,10 +228,11 @@ def tier_append_reference(k, v, tier: SlotTable, summ, at: RowPlaces, rows, fold
     offs = offsets.to(dev).long()[:, None].expand(-1, Hkv).reshape(-1)
     slot = slot_of[units].long()
     dst = torch.where(slot >= 0, slot, slots.shape[0] - 1)  # the last slot is scratch too
-    slots[dst, 0, offs] = to_kv(k.reshape(-1, D).to(dev), slots.dtype)
+    k = to_kv(k.reshape(-1, D).to(dev), slots.dtype)  # (as the tiers hold it: folded so too)
+    slots[dst, 0, offs] = k
     slots[dst, 1, offs] = to_kv(v.reshape(-1, D).to(dev), slots.dtype)
     if fold:
-        fold_summaries(summ, k.reshape(-1, D), units, offs == 0, summ.shape[0] - 1, rows)
+        fold_summaries(summ, k, units, offs == 0, summ.shape[0] - 1, rows)
 
 
 def fold_summaries(summ, k, units, fresh, scratch, rows: dict[str, int]) -> None:

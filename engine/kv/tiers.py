@@ -59,7 +59,7 @@ class TieredKV:
                  device: torch.device, forecast=None, allocator: SlotAllocator | None = None,
                  summary_dtype: torch.dtype | None = None) -> None:  # fmt: skip
         """`summary_dtype`: Quest summaries' (None: the pool's; an fp8 pool's summaries are
-        the model's dtype, folded from the unrounded keys)."""
+        in the model's dtype, folded from the keys as the pool holds them)."""
         self.sparse, self.device, self.host, self.forecast = sparse, device, host_pool, forecast
         self.L, self.num_pages, self.Hkv, _, self.P, self.D = host_pool.shape
         self.unit_bytes = 2 * self.P * self.D * host_pool.element_size()

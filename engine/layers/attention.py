@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers.step_context import StepContext
+from kernels.fp8 import to_kv
 
 
 def gather_kv(
@@ -201,6 +202,9 @@ def _attention_per_sequence(
             ks, vs = dense[i].extend(layer, kv, pages, kv_len - q_len, k[start:end], v[start:end])
         elif kv_len == q_len:  # the whole sequence is in this step: no need to read the cache
             ks, vs = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+            if kv.dtype != k.dtype:  # an fp8 pool: its rows as it holds them (a prompt
+                # attends alike whether its prefix was cached or not)
+                ks, vs = to_kv(ks, kv.dtype), to_kv(vs, kv.dtype)
         elif q.is_cuda and not kv.is_cuda and q_len > 1 and not ctx.sliding_window:
             # the host tier: one KV head of the context on the GPU at a time
             qs = q[start:end].transpose(0, 1)[None]

@@ -39,9 +39,16 @@ PENALISED = SamplingParams(max_tokens=36, ignore_eos=True, repetition_penalty=1.
 SPARSE = dict(budget_fraction=0.3)
 
 
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("sparse", [False, True, "fp8"], ids=["dense", "sparse", "sparse-fp8"])
 @pytest.mark.parametrize("mode", ["lookup", "self", "lookup+self", "draft"])
 def test_greedy_speculation_is_token_identical(checkpoint, mode, sparse):
+    """(sparse-fp8: the tiers hold fp8 rows, EngineConfig.kv_dtype; accepted rows fold into
+    the summaries from the fp8 host tier)"""
+    kv = {"kv_dtype": "fp8"} if sparse == "fp8" else {}
+
+    def load_engine(path, **cfg):
+        return globals()["load_engine"](path, **cfg, **kv)
+
     sp = SparseConfig(**SPARSE) if sparse else None
     expected = [c.token_ids for c in load_engine(checkpoint, sparse=sp).generate(prompts(), PARAMS)]
     # a fixed draft length: the adaptive policy follows measured step times, so how many
