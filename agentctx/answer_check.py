@@ -56,6 +56,12 @@ _BUILTINS = frozenset(dir(builtins))
 _EXCEPTION = re.compile(r"(?<![\w.])([A-Z]\w*(?:Error|Exception))\b")
 # the question asks what something returns, raises or yields
 _ASKS_WHAT = re.compile(r"\bwhat\b[^?]*?\b(return|raise|yield)s?\b", re.I)
+# an answer that says the repository does nothing (a small model's answer to "what does
+# this repository do" when the packed files confused it)
+_DENIES = re.compile(
+    r"\b(?:does not|doesn't|do not|don't) (?:do|contain|have) anything\b|\bdoes nothing\b", re.I
+)
+MAX_README_FACT = 600  # characters of the README's opening shown to the model
 MAX_SHOWN = 2  # places a name is assigned at, shown to the model
 SETTLED = ("stop", "length")  # how a new answer ends for `Revision.settle` to weigh it
 
@@ -129,7 +135,35 @@ def _check(answer: str, question: str, root: str) -> Check:
     names_one = any(r.definition is not None for r in refs)
     if not faults and not names_one and asks_for_code:
         faults.append("the answer names no class or function that the repository defines")
-    return Check(faults, _facts(refs, index, question) if faults else [], defined)
+    opening = _readme_opening(root, files) if _DENIES.search(answer) else None
+    if opening:
+        faults.append("the answer says the repository does nothing, but its README says what "
+                      "it is for")  # fmt: skip
+    facts = _facts(refs, index, question) if faults else []
+    return Check(faults, facts + ([f"The README begins: {opening}"] if opening else []), defined)
+
+
+def _readme_opening(root: str, files: list[str]) -> str | None:
+    """The first paragraph of prose of the top-level README (headings and code blocks
+    skipped), or None."""
+    name = next((f for f in files if "/" not in f and f.lower().startswith("readme")), None)
+    if name is None:
+        return None
+    try:
+        text = read_text(root, name, MAX_FILE_BYTES)
+    except (ToolError, OSError):
+        return None
+    in_fence = False
+    for block in re.split(r"\n\s*\n", text):
+        lines = [ln.strip() for ln in block.strip().splitlines()]
+        fences = sum(ln.startswith("```") for ln in lines)
+        if in_fence or fences or not lines:  # (code, in one block or spread over several)
+            in_fence ^= fences % 2 == 1
+            continue
+        if lines[0].startswith(("#", "<", "[!", "![")):
+            continue
+        return " ".join(lines)[:MAX_README_FACT]
+    return None
 
 
 def _facts(refs: list, index: Index, question: str) -> list[str]:

@@ -234,6 +234,22 @@ def test_the_prompt_says_what_the_files_say_and_asks_again(lib):
 # -- the turn -------------------------------------------------------------------------------
 
 
+def test_an_answer_that_the_repository_does_nothing_is_shown_the_readmes_opening(lib):
+    """A small model confused by its packed files once answered "What does this repository
+    do?" with "The repository does not do anything."; the README says what it is for."""
+    (lib / "README.md").write_text("# lib\n\n```sh\nmake\n\nmake test\n```\n\n"
+                                   "A decoder library:\nit parses objects.\n\n## More\n")  # fmt: skip
+    question = "What does this repository do?"
+    found = check("The repository does not do anything.", question, str(lib))
+    assert found.faults == ["the answer says the repository does nothing, but its README says "
+                            "what it is for"]  # fmt: skip
+    assert found.facts == ["The README begins: A decoder library: it parses objects."]
+    assert "The README begins: A decoder library" in found.prompt(question)
+    assert check("It is a decoder library.", question, str(lib)) is None
+    (lib / "README.md").unlink()
+    assert check("The repository does nothing.", question, str(lib)) is None  # (no README)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(agentctx_home):
     return AutoTokenizer.from_pretrained(resolve_source(None).path)
