@@ -76,12 +76,17 @@ class Check:
     faults: list[str]
     facts: list[str]
     claims: list[str]  # the names it calls a class or function that the repository defines
+    denies: bool = False  # it said the repository does nothing (shown the README's opening)
 
     def prompt(self, question: str) -> str:
         """The user message that asks the question again (sent without the answer it
         checked: a small model shown its own answer writes it again)."""
         lines = ["An answer to this question was checked against the repository's files:"]
         lines += [f"- {line}" for line in self.faults + self.facts]
+        if self.denies and len(self.faults) == 1:  # (a question about the whole project)
+            lines.append("Answer the question in a sentence or two, from what the README "
+                         f"says. The question: {question}")  # fmt: skip
+            return "\n".join(lines)
         lines.append(
             "Answer all that the question asks, with this in mind, and name the function or "
             "class that does it, with its file and line as the files show them. Use a tool "
@@ -140,7 +145,8 @@ def _check(answer: str, question: str, root: str) -> Check:
         faults.append("the answer says the repository does nothing, but its README says what "
                       "it is for")  # fmt: skip
     facts = _facts(refs, index, question) if faults else []
-    return Check(faults, facts + ([f"The README begins: {opening}"] if opening else []), defined)
+    facts += [f"The README begins: {opening}"] if opening else []
+    return Check(faults, facts, defined, denies=bool(opening))
 
 
 def _readme_opening(root: str, files: list[str]) -> str | None:

@@ -244,7 +244,10 @@ def test_an_answer_that_the_repository_does_nothing_is_shown_the_readmes_opening
     assert found.faults == ["the answer says the repository does nothing, but its README says "
                             "what it is for"]  # fmt: skip
     assert found.facts == ["The README begins: A decoder library: it parses objects."]
-    assert "The README begins: A decoder library" in found.prompt(question)
+    assert found.prompt(question).endswith(
+        "The README begins: A decoder library: it parses objects.\nAnswer the question in a "
+        "sentence or two, from what the README says. The question: What does this repository do?"
+    )
     assert check("It is a decoder library.", question, str(lib)) is None
     (lib / "README.md").unlink()
     assert check("The repository does nothing.", question, str(lib)) is None  # (no README)
