@@ -83,10 +83,10 @@ class Check:
         checked: a small model shown its own answer writes it again)."""
         lines = ["An answer to this question was checked against the repository's files:"]
         lines += [f"- {line}" for line in self.faults + self.facts]
-        if self.denies and len(self.faults) == 1:  # (a question about the whole project)
-            lines.append("Answer the question in a sentence or two, from what the README "
-                         f"says. The question: {question}")  # fmt: skip
-            return "\n".join(lines)
+        if self.denies and len(self.faults) == 1:  # (a question about the whole project:
+            # only what the README says; a small model repeats a fault's words)
+            return "\n".join([*self.facts, "Answer this question in a sentence or two, from "
+                              f"what the README says: {question}"])  # fmt: skip
         lines.append(
             "Answer all that the question asks, with this in mind, and name the function or "
             "class that does it, with its file and line as the files show them. Use a tool "
@@ -142,10 +142,9 @@ def _check(answer: str, question: str, root: str) -> Check:
         faults.append("the answer names no class or function that the repository defines")
     opening = _readme_opening(root, files) if _DENIES.search(answer) else None
     if opening:
-        faults.append("the answer says the repository does nothing, but its README says what "
-                      "it is for")  # fmt: skip
+        faults.append("the README says what the repository is for")
     facts = _facts(refs, index, question) if faults else []
-    facts += [f"The README begins: {opening}"] if opening else []
+    facts += [f"The repository's README begins: {opening}"] if opening else []
     return Check(faults, facts, defined, denies=bool(opening))
 
 

@@ -241,12 +241,12 @@ def test_an_answer_that_the_repository_does_nothing_is_shown_the_readmes_opening
                                    "A decoder library:\nit parses objects.\n\n## More\n")  # fmt: skip
     question = "What does this repository do?"
     found = check("The repository does not do anything.", question, str(lib))
-    assert found.faults == ["the answer says the repository does nothing, but its README says "
-                            "what it is for"]  # fmt: skip
-    assert found.facts == ["The README begins: A decoder library: it parses objects."]
-    assert found.prompt(question).endswith(
-        "The README begins: A decoder library: it parses objects.\nAnswer the question in a "
-        "sentence or two, from what the README says. The question: What does this repository do?"
+    assert found.faults == ["the README says what the repository is for"]
+    opening = "The repository's README begins: A decoder library: it parses objects."
+    assert found.facts == [opening]
+    assert found.prompt(question) == (
+        f"{opening}\nAnswer this question in a sentence or two, from what the README says: "
+        "What does this repository do?"
     )
     assert check("It is a decoder library.", question, str(lib)) is None
     (lib / "README.md").unlink()
