@@ -3,7 +3,8 @@
 A small model's wrong answers about code are often wrong in ways the files show at once: a
 `path:line` past the end of its file, or on a line no class or function holds; a function
 named that the repository never defines; an exception no one defines; asked what a function
-returns, only where it is; or, asked which function does something, no function at all.
+returns, only where it is; or, asked which function does something, no function at all; or
+that the repository does nothing (asked again with only its README's opening paragraph).
 When an answer has such a fault, the turn goes on one step: the model is shown what the
 files say (the faults; where each line it cited lands, from agentctx.references; where each
 definition it named is, and what that definition's own lines say, from
