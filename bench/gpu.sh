@@ -29,7 +29,8 @@ usage: bash bench/gpu.sh TARGET [STEP[,STEP...]]   (results under \$OUT, now $OU
                where a decode step's time goes (bench.profile_decode); 7-10: int4 weights,
                fp8 KV and the CLOCK eviction, and the eviction alone
   sparse-500k  500K sparse decode against transformers, Forecast prefetch at 500K; 3: int4
-               weights, fp8 KV and the CLOCK eviction
+               weights, fp8 KV and the CLOCK eviction; 4: the same with an 8 GiB GPU tier
+               (the bytes int4 weights and fp8 summaries free under the 24 GiB cap)
   spec         speculative verification: graphs against eager, its cost at 128K and 500K
   serve        agentctx serve at 1, 4 and 16 clients against generate on the same batch
                (the HTTP layer's cost; needs the bundle of scripts/eval_bundle.py carried
@@ -193,6 +194,9 @@ sparse_500k() {
         --json "$OUT/e2e_prefetch_500k.json" ;;
     3) step e2e_sparse_500k_bytes 590 "$PY" "${e2e[@]}" "${bytes[@]}" --eviction clock \
         --variants realistic worst --json "$OUT/e2e_sparse_500k_bytes.json" ;;
+    4) step e2e_sparse_500k_bytes_8g 590 "$PY" "${e2e[@]}" "${bytes[@]}" --eviction clock \
+        --gpu-kv-budget 8GiB --variants realistic worst \
+        --json "$OUT/e2e_sparse_500k_bytes_8g.json" ;;
     *) return 1 ;;
     esac
 }

@@ -16,6 +16,7 @@ from kernels import HAS_TRITON
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+FP8_MAX_BITS = 0x7E  # 448's bits (| 0x80: -448)
 
 
 def to_fp8(x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
-from kernels.fp8 import FP8, kv_store_view, to_kv
+from kernels.fp8 import FP8, kv_store_view, to_fp8, to_kv
 from kernels.views import RowPlaces, SlotTable
 
 if HAS_TRITON:
@@ -146,6 +146,7 @@ if HAS_TRITON:
         s_kn, s_kh, s_vn, s_vh, s_sn, s_skv, s_st, s_un, s_ur,
         HKV: tl.constexpr, D: tl.constexpr, FOLD: tl.constexpr,
         ROW_MIN: tl.constexpr, ROW_MAX: tl.constexpr, ROW_SUM: tl.constexpr, FP8: tl.constexpr,
+        SUMM_FP8: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
         h = tl.program_id(1)
@@ -172,13 +173,23 @@ if HAS_TRITON:
             if ROW_MIN >= 0:
                 # compared in fp32 (exact: the result is one of the two values, stored back in
                 # the summaries' dtype; the interpreter's bf16 comparisons are wrong)
-                kq = k.to(SUMM.dtype.element_ty).to(tl.float32)
-                mn = tl.load(s + ROW_MIN * s_ur).to(tl.float32)
-                mx = tl.load(s + ROW_MAX * s_ur).to(tl.float32)
+                if SUMM_FP8:  # (SUMM: uint8 bits; k is already an fp8 value: FP8 holds)
+                    kq = k
+                    mn = tl.load(s + ROW_MIN * s_ur).to(tl.float8e4nv, bitcast=True)
+                    mx = tl.load(s + ROW_MAX * s_ur).to(tl.float8e4nv, bitcast=True)
+                    mn, mx = mn.to(tl.float32), mx.to(tl.float32)
+                else:
+                    kq = k.to(SUMM.dtype.element_ty).to(tl.float32)
+                    mn = tl.load(s + ROW_MIN * s_ur).to(tl.float32)
+                    mx = tl.load(s + ROW_MAX * s_ur).to(tl.float32)
                 mn = tl.where(fresh, kq, tl.minimum(mn, kq))
                 mx = tl.where(fresh, kq, tl.maximum(mx, kq))
-                tl.store(s + ROW_MIN * s_ur, mn.to(SUMM.dtype.element_ty))
-                tl.store(s + ROW_MAX * s_ur, mx.to(SUMM.dtype.element_ty))
+                if SUMM_FP8:
+                    tl.store(s + ROW_MIN * s_ur, _fp8_bits(mn))
+                    tl.store(s + ROW_MAX * s_ur, _fp8_bits(mx))
+                else:
+                    tl.store(s + ROW_MIN * s_ur, mn.to(SUMM.dtype.element_ty))
+                    tl.store(s + ROW_MAX * s_ur, mx.to(SUMM.dtype.element_ty))
             if ROW_SUM >= 0:
                 acc = tl.load(s + ROW_SUM * s_ur).to(tl.float32)
                 acc = tl.where(fresh, 0.0, acc) + k.to(tl.float32)
@@ -205,15 +216,17 @@ def tier_append(
     assert v.shape == k.shape and pages.shape == offsets.shape == (N,)
     if N == 0:
         return
+    if summ.dtype == FP8 and slots.dtype != FP8:
+        raise ValueError("fp8 summaries fold fp8 keys only (an fp8 pool's)")
     if not (HAS_TRITON and (use_triton if use_triton is not None else k.is_cuda)):
         tier_append_reference(k, v, tier, summ, at, rows, fold)
         return
     _tier_append_kernel[(N, Hkv)](
-        k, v, kv_store_view(slots), slot_of, summ, pages, offsets,
+        k, v, kv_store_view(slots), slot_of, kv_store_view(summ), pages, offsets,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         slots.stride(0), slots.stride(1), slots.stride(2), summ.stride(0), summ.stride(1),
         HKV=Hkv, D=D, FOLD=fold, ROW_MIN=rows["min"], ROW_MAX=rows["max"], ROW_SUM=rows["sum"],
-        FP8=slots.dtype == FP8,
+        FP8=slots.dtype == FP8, SUMM_FP8=summ.dtype == FP8,
     )  # fmt: skip
 
 
@@ -239,6 +252,9 @@ def fold_summaries(summ, k, units, fresh, scratch, rows: dict[str, int]) -> None
     """Fold keys k [N, D] into summaries summ [U, R, D] at `units` [N]; a `fresh` row (its
     page's first) starts its unit's summary again; `scratch` (an int or [N]): the unit that
     takes the resets of the other rows. No host round trip (CUDA-graph safe)."""
+    if summ.dtype == FP8:
+        _fold_fp8(summ, k, units, fresh, rows)
+        return
     first = torch.where(fresh, units, scratch)
     kf = k.to(summ.device, summ.dtype)
     if rows["min"] >= 0:
@@ -252,3 +268,29 @@ def fold_summaries(summ, k, units, fresh, scratch, rows: dict[str, int]) -> None
     if rows["sum"] >= 0:
         summ[:, rows["sum"]].index_fill_(0, first, 0.0)
         summ[:, rows["sum"]].index_add_(0, units, kf)
+
+
+def _fold_fp8(summ, k, units, fresh, rows: dict[str, int]) -> None:
+    """fold_summaries into fp8 Quest summaries (torch has no fp8 scatter reductions): each
+    touched unit's summary is folded in fp32 at the first of its rows (found by a scatter
+    over a map of every unit), then written back to all of its rows: exact, as the keys are
+    fp8 values (an fp8 pool's) and a min or max of them is one of them."""
+    assert rows["sum"] < 0, "sums are kept in fp32"
+    dev, N = summ.device, units.numel()
+    units = units.to(dev).long()
+    order = torch.arange(N, dtype=torch.int32, device=dev)
+    first = torch.full((summ.shape[0],), N, dtype=torch.int32, device=dev)
+    rep = first.scatter_reduce_(0, units, order, "amin")[units].long()  # its unit's first row
+    restart = torch.zeros(N, dtype=torch.int32, device=dev)
+    restart.scatter_reduce_(0, rep, fresh.to(dev).int(), "amax")
+    restart = restart.bool()[:, None]
+    kf = k.to(dev).float()
+    cur = summ[units].float()  # [N, 2, D]
+    mn = torch.where(restart, float("inf"), cur[:, rows["min"]])
+    mx = torch.where(restart, float("-inf"), cur[:, rows["max"]])
+    idx = rep[:, None].expand(-1, kf.shape[-1])
+    mn.scatter_reduce_(0, idx, kf, "amin")
+    mx.scatter_reduce_(0, idx, kf, "amax")
+    out = torch.empty_like(cur)
+    out[:, rows["min"]], out[:, rows["max"]] = mn[rep], mx[rep]
+    summ.view(torch.uint8)[units] = to_fp8(out).view(torch.uint8)

@@ -5,7 +5,8 @@ Every page of every (sequence, KV head) has a summary of its keys, kept on the G
 head). Layouts (`summary_rows`):
 - R = 3, fp32: the elementwise min of the page's keys, their max, their sum (both modes);
 - R = 2, "quest" only: min and max, in the keys' own dtype (exact: min and max of bf16 keys
-  are bf16 values; half the bytes of fp32 for the scoring kernel to read);
+  are bf16 values; half the bytes of fp32 for the scoring kernel to read; an fp8 pool's
+  keys are fp8 values, so its summaries are fp8: a quarter);
 - R = 1, "mean" only: the sum, fp32.
 
 A page's score for one query row q:
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HAS_TRITON
+from kernels.fp8 import FP8, FP8_MAX_BITS
 from kernels.views import PageTable
 
 MODES = {"quest": 0, "mean": 1}
@@ -231,7 +233,8 @@ def empty_summaries(num_units: int, head_dim: int, device=None, mode: str | None
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
     """A summary table for num_units (page, head) units, all empty: min +inf, max -inf,
     sum 0 (a page's summary must be reset like this before its first key is appended).
-    `mode`: the rows to keep (see `summary_rows`); `dtype` (quest only): the keys' dtype."""
+    `mode`: the rows to keep (see `summary_rows`); `dtype` (quest only): the keys' dtype
+    (fp8: an fp8 pool's, its extremes +-448 for the infinities)."""
     n_rows = {None: 3, "quest": 2, "mean": 1}[mode]
     if mode != "quest":
         dtype = torch.float32
@@ -242,6 +245,11 @@ def empty_summaries(num_units: int, head_dim: int, device=None, mode: str | None
 
 def reset_summaries(summ: torch.Tensor, units: torch.Tensor) -> None:
     rows = summary_rows({3: None, 2: "quest", 1: "mean"}[summ.shape[1]])
+    if summ.dtype == FP8:  # (no infinities: fp8's extremes, past which no key is stored)
+        bits = summ.view(torch.uint8)
+        bits[units, rows["min"]] = FP8_MAX_BITS
+        bits[units, rows["max"]] = FP8_MAX_BITS | 0x80
+        return
     if rows["min"] >= 0:
         summ[units, rows["min"]] = float("inf")
         summ[units, rows["max"]] = float("-inf")

@@ -58,8 +58,8 @@ class TieredKV:
     def __init__(self, host_pool: torch.Tensor, page_size: int, sparse: SparseConfig,
                  device: torch.device, forecast=None, allocator: SlotAllocator | None = None,
                  summary_dtype: torch.dtype | None = None) -> None:  # fmt: skip
-        """`summary_dtype`: Quest summaries' (None: the pool's; an fp8 pool's summaries are
-        in the model's dtype, folded from the keys as the pool holds them)."""
+        """`summary_dtype`: Quest summaries' (None: the pool's, fp8 for an fp8 pool: exact,
+        as they are folded from the keys as the pool holds them)."""
         self.sparse, self.device, self.host, self.forecast = sparse, device, host_pool, forecast
         self.L, self.num_pages, self.Hkv, _, self.P, self.D = host_pool.shape
         self.unit_bytes = 2 * self.P * self.D * host_pool.element_size()

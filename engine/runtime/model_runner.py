@@ -64,7 +64,7 @@ class ModelRunner:
                                       gather_programs=engine_cfg.gather_programs)  # fmt: skip
             self.tiers = TieredKV(self.kv.pool, self.page_size, engine_cfg.sparse, device,
                                   forecast=make_forecast(model, engine_cfg.sparse),
-                                  allocator=allocator, summary_dtype=dtype)  # fmt: skip
+                                  allocator=allocator)  # fmt: skip
         sp = engine_cfg.sparse
         use_graphs = (
             engine_cfg.cuda_graphs

@@ -68,8 +68,10 @@ def test_a_tiny_gpu_tier_gives_the_same_tokens_as_a_large_one(prompt, eviction):
 def test_fp8_kv_in_both_tiers_decodes_like_the_models_dtype(prompt):
     """EngineConfig.kv_dtype = "fp8": the pool (host tier) and the GPU slots hold fp8 rows,
     a quarter of this fp32 model's bytes; greedy tokens follow the fp32 cache's (the first
-    16 here), and a tiny GPU tier still gives exactly the tokens of a large one."""
+    16 here), and a tiny GPU tier still gives exactly the tokens of a large one. The Quest
+    summaries are fp8 too, and select what fp32 summaries of the same rows do."""
     from kernels.fp8 import FP8
+    from kernels.page_score import empty_summaries
 
     sparse = dict(budget_fraction=0.25)
     exact = load(SparseConfig(**sparse)).generate([prompt], PARAMS)[0].token_ids
@@ -77,8 +79,13 @@ def test_fp8_kv_in_both_tiers_decodes_like_the_models_dtype(prompt):
     tokens = fp8.generate([prompt], PARAMS)[0].token_ids
     runner = fp8.runner
     assert runner.kv.pool.dtype == runner.tiers.residency.slots.dtype == FP8
-    assert runner.tiers.selection.summ.dtype == torch.float32  # (the model's)
+    assert runner.tiers.selection.summ.dtype == FP8
     assert tokens[:16] == exact[:16]
+    wide = load(SparseConfig(**sparse), kv_dtype="fp8")
+    sel = wide.runner.tiers.selection
+    L, units, R, D = sel.summ.shape
+    sel.summ = empty_summaries(L * units, D, mode="quest").view(L, units, R, D)  # fp32
+    assert wide.generate([prompt], PARAMS)[0].token_ids == tokens
     unit = 2 * 16 * 64  # one page of one head, fp8
     tiny = load(SparseConfig(**sparse, gpu_kv_budget=30 * 60 * unit), kv_dtype="fp8")
     assert tiny.runner.tiers.num_slots == 60

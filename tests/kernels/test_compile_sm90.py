@@ -165,9 +165,21 @@ append_sig = {"K": "*bf16", "V": "*bf16", "SLOTS": "*u8", "SLOT_OF": i32, "SUMM"
               "PAGES": i32, "OFFS": i32}
 append_sig |= {n: "i32" for n in ("s_kn", "s_kh", "s_vn", "s_vh", "s_sn", "s_skv", "s_st",
                                   "s_un", "s_ur")}
-out["tier_append/fp8"] = build(_tier_append_kernel, append_sig, {"HKV": 8, "D": 128,
-                               "FOLD": True, "ROW_MIN": 0, "ROW_MAX": 1, "ROW_SUM": -1,
-                               "FP8": True}, 4)
+append_consts = {"HKV": 8, "D": 128, "FOLD": True, "ROW_MIN": 0, "ROW_MAX": 1, "ROW_SUM": -1,
+                 "FP8": True}
+out["tier_append/fp8"] = build(_tier_append_kernel, append_sig, append_consts
+                               | {"SUMM_FP8": False}, 4)
+out["tier_append/fp8 summaries"] = build(_tier_append_kernel, append_sig | {"SUMM": "*u8"},
+                                         append_consts | {"SUMM_FP8": True}, 4)
+from kernels.page_score import _page_score_kernel
+score_sig = {"Q": "*bf16", "SUMM": "*fp8e4nv", "BT": i32, "LENS": i32, "OUT": "*fp32"}
+score_sig |= {n: "i32" for n in ("s_qb", "s_qt", "s_qh", "s_sn", "s_sr", "s_btb", "s_ob",
+                                 "s_ot", "s_oh")}
+for summ in ("*fp8e4nv", "*bf16"):
+    out[f"page_score/{summ}"] = build(_page_score_kernel, score_sig | {"SUMM": summ}, {"HKV": 8,
+                                      "G": 4, "T": 1, "R": 16, "D": 128, "P": 16, "BLOCK": 64,
+                                      "MODE": 0, "IEEE": False, "ROW_MIN": 0, "ROW_MAX": 1,
+                                      "ROW_SUM": -1, "PER_QUERY": False}, 4)
 from kernels.sparse_decode import _sparse_decode_kernel
 sd_sig = {"Q": "*bf16", "KV": "*fp8e4nv", "UNITS": i32, "PAGES": i32, "COUNTS": i32,
           "LENS": i32, "QMASK": i32, "ACC": "*fp32", "M": "*fp32", "L": "*fp32", "scale": "fp32"}

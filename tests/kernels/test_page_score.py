@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels import HAS_TRITON, INTERPRET
+from kernels.fp8 import FP8, to_fp8
 from kernels.page_score import PageSummaries, empty_summaries, page_scores, page_scores_reference
 from kernels.views import PageTable
 
@@ -77,13 +78,15 @@ def test_quest_score_bounds_the_best_key_and_mean_is_the_mean():
 
 
 @needs_triton
-@pytest.mark.parametrize("layout", ["quest-bf16", "quest-fp32", "mean"])
+@pytest.mark.parametrize("layout", ["quest-bf16", "quest-fp32", "quest-fp8", "mean"])
 def test_kernel_reads_the_reduced_summary_layouts(layout):
-    """The engine keeps only its mode's rows: quest's min/max in the keys' dtype, mean's sum."""
+    """The engine keeps only its mode's rows: quest's min/max in the keys' dtype (fp8 for an
+    fp8 pool), mean's sum."""
     q, summ, tables, lens, _ = build(4, 64, 1, seed=9)
-    mode = layout.split("-")[0]
+    mode, dtype = layout.split("-")[0], layout.split("-")[-1]
     if mode == "quest":
-        small = summ[:, :2].to(torch.bfloat16 if layout.endswith("bf16") else torch.float32)
+        cast = {"bf16": lambda t: t.to(torch.bfloat16), "fp32": lambda t: t, "fp8": to_fp8}
+        small = cast[dtype](summ[:, :2] * 30)  # (fp8: some saturate at 448)
         full = small.float()
     else:
         small = summ[:, 2:].contiguous()
@@ -98,6 +101,10 @@ def test_kernel_reads_the_reduced_summary_layouts(layout):
     empty = empty_summaries(4, 64, mode=mode, dtype=torch.bfloat16)
     assert empty.shape[1] == (2 if mode == "quest" else 1)
     assert empty.dtype == (torch.bfloat16 if mode == "quest" else torch.float32)
+    if layout == "quest-fp8":  # (no infinities in fp8: its extremes)
+        empty = empty_summaries(4, 64, mode="quest", dtype=FP8)
+        assert empty.dtype == FP8
+        assert (empty[:, 0].float() == 448).all() and (empty[:, 1].float() == -448).all()
 
 
 @needs_triton

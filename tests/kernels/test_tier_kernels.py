@@ -152,7 +152,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @needs_triton
-@pytest.mark.parametrize("layout", ["quest bf16", "mean", "all three", "fp8 slots"])
+@pytest.mark.parametrize("layout", ["quest bf16", "mean", "all three", "fp8 slots", "fp8 both"])
 @pytest.mark.parametrize("fold", [True, False])
 def test_tier_append_matches_reference(layout, fold):
     """The tiered cache's append (one program per row and head, no atomics; rows in
@@ -162,7 +162,8 @@ def test_tier_append_matches_reference(layout, fold):
     from kernels.page_score import summary_rows
 
     Hkv, D, P, U, S = 3, 64, 16, 8 * 3, 7
-    mode = {"quest bf16": "quest", "mean": "mean", "all three": None, "fp8 slots": "quest"}[layout]
+    fp8 = layout.startswith("fp8")
+    mode = {"mean": "mean", "all three": None}.get(layout, "quest")
     dtype = torch.bfloat16 if layout == "quest bf16" else torch.float32
     g = torch.Generator().manual_seed(1)
     pages = torch.tensor([2, 5, 0, 7, 1], dtype=torch.int32)  # distinct
@@ -173,10 +174,10 @@ def test_tier_append_matches_reference(layout, fold):
     slot_of[torch.tensor([2 * 3, 5 * 3 + 2, 7 * 3 + 1])] = torch.tensor(
         [4, 0, 5], dtype=torch.int32
     )
-    summ = empty_summaries(U + 1, D, mode=mode, dtype=dtype)
+    summ = empty_summaries(U + 1, D, mode=mode, dtype=FP8 if layout == "fp8 both" else dtype)
     summ[:] = torch.randn(summ.shape, generator=g).to(summ.dtype)  # earlier rows' statistics
     slots = torch.randn(S + 1, 2, P, D, generator=g).to(dtype)
-    if layout == "fp8 slots":  # (rows of any magnitude: some saturate)
+    if fp8:  # (rows of any magnitude: some saturate)
         k, v, slots = k * 40, v * 40, to_fp8(slots)
     rows = summary_rows(mode)
     got = [t.to(DEVICE) for t in (slots, summ)]
@@ -190,13 +191,39 @@ def test_tier_append_matches_reference(layout, fold):
     # (the reference writes rows without a slot to the scratch slot, and the other rows'
     # summary resets to the scratch unit; the kernel skips both)
     assert same(got[0][:S].cpu(), want[0][:S])
-    assert torch.equal(got[1][:U].cpu(), want[1][:U])
-    kv_of = to_fp8 if layout == "fp8 slots" else (lambda x: x)
+    assert same(got[1][:U].cpu(), want[1][:U])
+    kv_of = to_fp8 if fp8 else (lambda x: x)
     assert same(want[0][4, 0, 0], kv_of(k[0, 0])) and same(want[0][5, 1, 0], kv_of(v[3, 1]))
     if fold and mode != "mean":  # a fresh page's min is its one row (as the slots hold it,
         # fp8 rows rounded); another page's merges
-        assert torch.equal(want[1][2 * 3, 0], kv_of(k[0, 0]).to(want[1].dtype))
-        assert not torch.equal(want[1][5 * 3, 0], k[1, 0])
+        assert same(want[1][2 * 3, 0], kv_of(k[0, 0]).to(want[1].dtype))
+        assert not torch.equal(want[1][5 * 3, 0].float(), kv_of(k[1, 0]).float())
+
+
+def test_fp8_summaries_fold_like_fp32_ones():
+    """Rows of one page several times in a call (a prefill's), a fresh row among them, the
+    scratch unit: folded into fp8 summaries, the result is the fp32 fold's, exactly (fp8
+    keys: their min and max are fp8 values)."""
+    from kernels.kv_append import fold_summaries
+    from kernels.page_score import summary_rows
+
+    g = torch.Generator().manual_seed(4)
+    U, D = 9, 32
+    units = torch.tensor([3, 3, 5, 3, 0, 5, 7, 7])
+    fresh = torch.tensor([False, False, True, True, False, False, True, False])
+    k = to_fp8(torch.randn(len(units), D, generator=g) * 50)  # (some saturate)
+    rows = summary_rows("quest")
+    wide = empty_summaries(U + 1, D, mode="quest")
+    wide[:] = to_fp8(torch.randn(wide.shape, generator=g)).float()  # earlier rows' statistics
+    narrow = to_fp8(wide)
+    fold_summaries(wide, k.float(), units, fresh, U, rows)
+    fold_summaries(narrow, k, units, fresh, U, rows)
+    assert same(narrow[:U], to_fp8(wide[:U]))
+    assert torch.equal(narrow[3, 0].float(), k[[0, 1, 3]].float().amin(0))  # all of them: 3 fresh
+    assert torch.equal(narrow[0, 1].float(), torch.maximum(wide[0, 1], k[4].float()))
+    empty = empty_summaries(2, D, mode="quest", dtype=FP8)
+    fold_summaries(empty, k[:2], torch.tensor([1, 1]), torch.tensor([False, False]), 0, rows)
+    assert torch.equal(empty[1, 0].float(), k[:2].float().amin(0))  # from the empty extremes
 
 
 @needs_triton
