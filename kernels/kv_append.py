@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels import HAS_TRITON, INTERPRET, host_pointer
-from kernels.fp8 import FP8, kv_store_view, to_fp8, to_kv
+from kernels.fp8 import FP8, kv_store_view, to_kv
 from kernels.views import RowPlaces, SlotTable
 
 if HAS_TRITON:
@@ -272,9 +272,10 @@ def fold_summaries(summ, k, units, fresh, scratch, rows: dict[str, int]) -> None
 
 def _fold_fp8(summ, k, units, fresh, rows: dict[str, int]) -> None:
     """fold_summaries into fp8 Quest summaries (torch has no fp8 scatter reductions): each
-    touched unit's summary is folded in fp32 at the first of its rows (found by a scatter
-    over a map of every unit), then written back to all of its rows: exact, as the keys are
-    fp8 values (an fp8 pool's) and a min or max of them is one of them."""
+    touched unit's statistic is folded at the first of its rows (found by a scatter over a
+    map of every unit), then written back to all of its rows as bytes. In bf16, which holds
+    every fp8 value: exact, as the keys are fp8 values (an fp8 pool's) and a min or max of
+    them is one of them. (A prefill chunk's [N, D] at a time: 2 bytes a value, not 4.)"""
     assert rows["sum"] < 0, "sums are kept in fp32"
     dev, N = summ.device, units.numel()
     units = units.to(dev).long()
@@ -282,15 +283,12 @@ def _fold_fp8(summ, k, units, fresh, rows: dict[str, int]) -> None:
     first = torch.full((summ.shape[0],), N, dtype=torch.int32, device=dev)
     rep = first.scatter_reduce_(0, units, order, "amin")[units].long()  # its unit's first row
     restart = torch.zeros(N, dtype=torch.int32, device=dev)
-    restart.scatter_reduce_(0, rep, fresh.to(dev).int(), "amax")
-    restart = restart.bool()[:, None]
-    kf = k.to(dev).float()
-    cur = summ[units].float()  # [N, 2, D]
-    mn = torch.where(restart, float("inf"), cur[:, rows["min"]])
-    mx = torch.where(restart, float("-inf"), cur[:, rows["max"]])
+    restart = restart.scatter_reduce_(0, rep, fresh.to(dev).int(), "amax").bool()[:, None]
+    kf = k.to(dev, torch.bfloat16)
     idx = rep[:, None].expand(-1, kf.shape[-1])
-    mn.scatter_reduce_(0, idx, kf, "amin")
-    mx.scatter_reduce_(0, idx, kf, "amax")
-    out = torch.empty_like(cur)
-    out[:, rows["min"]], out[:, rows["max"]] = mn[rep], mx[rep]
-    summ.view(torch.uint8)[units] = to_fp8(out).view(torch.uint8)
+    bits = summ.view(torch.uint8)
+    for row, empty, how in ((rows["min"], float("inf"), "amin"),
+                            (rows["max"], float("-inf"), "amax")):  # fmt: skip
+        acc = torch.where(restart, empty, bits[units, row].view(FP8).to(torch.bfloat16))
+        acc.scatter_reduce_(0, idx, kf, how)
+        bits[units, row] = acc[rep].to(FP8).view(torch.uint8)
