@@ -63,7 +63,8 @@ class Selection:
         self.sparse, self.P, self.Hkv, self.device = sparse, P, Hkv, device
         self.scorer: PageScorer | None = None
         self.methods = SelectMethods()  # the top-k method per shape, timed at its first call
-        # one allocation for every layer (at 500K tokens: 3.8 GiB of Quest summaries)
+        # one allocation for every layer (at 500K tokens of the 8B: 3.8 GiB of bf16 Quest
+        # summaries, 1.9 GiB of fp8 ones)
         summ = empty_summaries(L * (units + 1), D, device, mode=sparse.summary, dtype=dtype)
         self.summ = summ.view(L, units + 1, *summ.shape[1:])
         self.rows = summary_rows(sparse.summary)
