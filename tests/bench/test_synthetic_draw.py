@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bench.synthetic_draw import NEVER, synthetic_draw, synthetic_stamp
-from tests.bench.test_synthetic_select import DEVICE, IMPLS, needs_triton
+from tests.bench.test_synthetic_select import IMPLS
+from tests.triton_marks import DEVICE, needs_triton
 
 
 @pytest.mark.parametrize("impl", IMPLS)

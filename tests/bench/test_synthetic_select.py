@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from bench.synthetic_select import synthetic_query_scores
-from kernels import HAS_TRITON, INTERPRET
+from tests.triton_marks import DEVICE, needs_triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
 IMPLS = ["torch", pytest.param("triton", marks=needs_triton)]
 
 

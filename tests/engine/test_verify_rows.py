@@ -13,11 +13,11 @@ from engine.layers.attention import per_query_tables
 from kernels import HAS_TRITON, INTERPRET
 from kernels.paged_decode import paged_decode_attention
 from kernels.views import PagedKV
+from tests.triton_marks import DEVICE
 
 pytestmark = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
 )
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_layout_of_queries():

@@ -4,16 +4,10 @@ values past them, signed zeros)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
 from kernels.fp8 import FP8, fp8_bits_triton, to_fp8, to_kv
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def test_to_fp8_saturates():

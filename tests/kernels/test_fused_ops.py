@@ -11,11 +11,11 @@ from kernels.rmsnorm import rmsnorm, rmsnorm_reference
 from kernels.rope_kv import rope_kv, rope_kv_reference
 from kernels.silu_mul import silu_mul, silu_mul_reference
 from kernels.views import RowPlaces
+from tests.triton_marks import DEVICE
 
 pytestmark = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
 )
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16 is checked on the GPU only: the Triton 3.9 interpreter's bf16 arithmetic is unreliable
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 # (atol, rtol): one or two units in the last place of each dtype, since a kernel and its

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
 from kernels.page_recall import RecallCounters, count_recall
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 @needs_triton

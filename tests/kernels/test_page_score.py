@@ -5,15 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
 from kernels.fp8 import FP8, to_fp8
 from kernels.page_score import PageSummaries, empty_summaries, page_scores, page_scores_reference
 from kernels.views import PageTable
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def scores_of(q, summ, tables, lens, P, Hkv, mode, fn=page_scores_reference, **kw):

@@ -6,14 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
 from kernels.page_topk import select_pages as select_by_rule
 from kernels.views import SelectRule
+from tests.triton_marks import DEVICE, needs_triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
 KERNELS = ["probe2", "hist", "split"]
 
 

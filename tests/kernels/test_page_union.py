@@ -6,13 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
 from kernels.page_union import union_pages, union_pages_reference
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def selections(B, T, Hkv, M, K, seed, overlap=0.8):

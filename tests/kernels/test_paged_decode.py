@@ -8,11 +8,11 @@ import torch
 from kernels import HAS_TRITON, INTERPRET
 from kernels.paged_decode import paged_decode_attention, paged_decode_reference
 from kernels.views import PagedKV
+from tests.triton_marks import DEVICE
 
 pytestmark = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
 )
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 

@@ -11,12 +11,9 @@ import torch.nn.functional as F
 from kernels import HAS_TRITON, INTERPRET
 from kernels.sparse_decode import sparse_decode_attention, sparse_decode_reference
 from kernels.views import PageList
+from tests.triton_marks import DEVICE, needs_triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
 
 
 def sparse(q, kv, units, pages, counts, lens, scale, qmask=None, **kw):

@@ -8,11 +8,11 @@ import torch
 
 from kernels import HAS_TRITON, INTERPRET
 from kernels.step_units import SelectedCounters, step_units, step_units_reference
+from tests.triton_marks import DEVICE
 
 pytestmark = pytest.mark.skipif(
     not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
 )
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize(

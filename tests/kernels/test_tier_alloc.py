@@ -10,15 +10,11 @@ import torch
 
 from engine.kv.residency import SlotAllocator
 from engine.kv.sparse_config import C as _C
-from kernels import HAS_TRITON, INTERPRET
+from kernels import HAS_TRITON
 from kernels.tier_alloc import NO_CLAIM, LayerState, allocate_reference, allocate_triton
 from kernels.uva_gather import NOT_STAGED
 from kernels.views import Stage
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def state(S: int, U: int, P: int = 4, D: int = 8, seed: int = 0) -> tuple[LayerState, dict]:

@@ -10,16 +10,11 @@ import pytest
 import torch
 
 from engine.kv.sparse_config import C as _C
-from kernels import HAS_TRITON, INTERPRET
 from kernels.tier_alloc import NO_CLAIM, LayerState
 from kernels.tier_clock import allocate_clock_reference, allocate_clock_triton
 from tests.kernels.test_tier_alloc import clone, random_steps
 from tests.kernels.test_tier_alloc import state as value_state
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def state(S: int, U: int) -> tuple[LayerState, torch.Tensor]:

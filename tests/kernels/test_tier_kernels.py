@@ -21,11 +21,7 @@ from kernels.views import (
     SlotTable,
     Stage,
 )
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def pools(dtype, P=16, D=64, U=23, S=9, seed=0):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import HAS_TRITON, INTERPRET
 from kernels.w4a16 import (
     candidates,
     dequantize,
@@ -17,11 +16,7 @@ from kernels.w4a16 import (
     w4a16,
     w4a16_reference,
 )
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (HAS_TRITON and (INTERPRET or torch.cuda.is_available())), reason="needs triton"
-)
+from tests.triton_marks import DEVICE, needs_triton
 
 
 def groups(n: int, k: int, seed: int = 0):
