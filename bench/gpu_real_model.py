@@ -178,7 +178,7 @@ def decode_speed(args, ids: list[int]) -> dict:
     return out
 
 
-def sparse_locality(args, ids: list[int], tier_frac: float) -> dict:
+def sparse_locality(args, ids: list[int], tier_frac: float, eviction: str = "value") -> dict:
     from engine import SamplingParams
     from engine.kv import SparseConfig
     from engine.kv.pool import KVCache
@@ -189,7 +189,8 @@ def sparse_locality(args, ids: list[int], tier_frac: float) -> dict:
     mc = read_config(resolve_source(args.model))  # the config alone, no weights
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     kv_bytes = KVCache.bytes_per_page(mc, 16, dtype) * -(-n // 16)
-    sparse = SparseConfig(budget_fraction=args.sparse, gpu_kv_budget=int(kv_bytes * tier_frac))
+    sparse = SparseConfig(budget_fraction=args.sparse, gpu_kv_budget=int(kv_bytes * tier_frac),
+                          eviction=eviction)  # fmt: skip
     engine = load(args.model, args.device, str(dtype).split(".")[1], sparse=sparse,
                   max_model_len=n + NEW_DECODE + 16, max_num_seqs=1,
                   max_num_batched_tokens=8192)  # fmt: skip
@@ -206,7 +207,7 @@ def sparse_locality(args, ids: list[int], tier_frac: float) -> dict:
     tok_s = (req.stats.completion_tokens - done0) / (time.perf_counter() - t0)
     st = tiers.stats
     new = st.locality_total - st.locality_hits
-    out = {"context": n, "budget": args.sparse, "tier_fraction": tier_frac,
+    out = {"context": n, "budget": args.sparse, "tier_fraction": tier_frac, "eviction": eviction,
            "tier_slots_per_layer": tiers.num_slots, "locality": st.locality,
            "recurring": 1 - st.fetched / max(1, new), "fetch_fraction": st.fetch_fraction,
            "fetched_mb_per_token": st.fetched_bytes / max(1, st.steps) * tiers.L / 1e6,
@@ -247,14 +248,16 @@ def run(args) -> dict:
         print(json.dumps(out["checks"][-1], default=str)[:600], flush=True)
     if args.book_ids:
         ids = json.loads(Path(args.book_ids).read_text())["ids"]
-        out["decode"] = decode_speed(args, ids)
-        save(args, out)
-        print(json.dumps(out["decode"]), flush=True)
+        if not args.skip_speed:
+            out["decode"] = decode_speed(args, ids)
+            save(args, out)
+            print(json.dumps(out["decode"]), flush=True)
         out["sparse"] = []
         for frac in args.tiers:
-            out["sparse"].append(sparse_locality(args, ids, frac))
-            save(args, out)
-            print(json.dumps(out["sparse"][-1]), flush=True)
+            for eviction in args.evictions:
+                out["sparse"].append(sparse_locality(args, ids, frac, eviction))
+                save(args, out)
+                print(json.dumps(out["sparse"][-1]), flush=True)
     return out
 
 
@@ -264,9 +267,11 @@ def save(args, out: dict) -> None:
 
 
 def table(out: dict) -> str:
-    lines = [f"{out['model']} on {out['gpu'] or out['device']}, against the CPU fp32 reference",
-             f"{'dtype':<9} {'prompt':>6} {'identical':>9} {'diverges at':>11} "
-             f"{'cpu margin':>10} {'max |dlogit|':>12} {'forced agree':>12}"]  # fmt: skip
+    lines = [f"{out['model']} on {out['gpu'] or out['device']}"]
+    if out["checks"]:
+        lines[0] += ", against the CPU fp32 reference"
+        lines.append(f"{'dtype':<9} {'prompt':>6} {'identical':>9} {'diverges at':>11} "
+                     f"{'cpu margin':>10} {'max |dlogit|':>12} {'forced agree':>12}")  # fmt: skip
     for c in out["checks"]:
         for i, p in enumerate(c["prompts"]):
             d = p.get("at_divergence") or {}
@@ -279,10 +284,11 @@ def table(out: dict) -> str:
         lines.append(f"dense decode, {d['context']:,} tokens of context, batch 1: "
                      f"{d['decode_tok_s']:.1f} tok/s (prefill {d['prefill_s']:.2f} s)")  # fmt: skip
     if out.get("sparse"):
-        lines.append(f"{'sparse':>6} {'tier':>5} {'slots':>6} {'locality':>8} {'recurring':>9} "
-                     f"{'fetched':>7} {'MB/token':>8} {'tok/s':>7}")  # fmt: skip
+        lines.append(f"{'sparse':>6} {'tier':>5} {'evict':>5} {'slots':>6} {'locality':>8} "
+                     f"{'recurring':>9} {'fetched':>7} {'MB/token':>8} {'tok/s':>7}")  # fmt: skip
         for s in out["sparse"]:
             lines.append(f"{s['budget']:>6.0%} {s['tier_fraction']:>5.0%} "
+                         f"{s.get('eviction', 'value'):>5} "
                          f"{s['tier_slots_per_layer']:>6} {s['locality']:>8.1%} "
                          f"{s['recurring']:>9.1%} {s['fetch_fraction']:>7.1%} "
                          f"{s['fetched_mb_per_token']:>8.2f} {s['decode_tok_s']:>7.1f}")  # fmt: skip
@@ -321,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--sparse", type=float, default=0.02, help="page budget of sparse decode")
     g.add_argument("--tiers", type=float, nargs="*", default=[0.05, 0.25],
                    help="GPU tier sizes, as fractions of the context's KV")  # fmt: skip
+    g.add_argument(
+        "--evictions",
+        nargs="+",
+        default=["value"],
+        choices=["value", "clock"],
+        help="the GPU tier's eviction in the sparse rows (each its own run)",
+    )
+    g.add_argument("--skip-speed", action="store_true", help="no dense decode speed row")
     g.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     for path in [args.model] + ([args.ref] if args.cmd == "run" else []):
