@@ -56,10 +56,9 @@ class PageScorer:
 class Selection:
     """The page summaries of every layer, and the step's selection from them."""
 
-    def __init__(self, sparse: SparseConfig, host_pool: torch.Tensor, device: torch.device,
-                 summary_dtype: torch.dtype | None = None):  # fmt: skip
+    def __init__(self, sparse: SparseConfig, host_pool: torch.Tensor, device: torch.device):
         L, num_pages, Hkv, _, P, D = host_pool.shape  # (the host tier's layout)
-        units, dtype = num_pages * Hkv, summary_dtype or host_pool.dtype
+        units, dtype = num_pages * Hkv, host_pool.dtype  # (Quest summaries: the keys' dtype)
         self.sparse, self.P, self.Hkv, self.device = sparse, P, Hkv, device
         self.scorer: PageScorer | None = None
         self.methods = SelectMethods()  # the top-k method per shape, timed at its first call

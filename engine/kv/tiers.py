@@ -56,10 +56,10 @@ class TieredKV:
     after a layer, and the counters."""
 
     def __init__(self, host_pool: torch.Tensor, page_size: int, sparse: SparseConfig,
-                 device: torch.device, forecast=None, allocator: SlotAllocator | None = None,
-                 summary_dtype: torch.dtype | None = None) -> None:  # fmt: skip
-        """`summary_dtype`: Quest summaries' (None: the pool's, fp8 for an fp8 pool: exact,
-        as they are folded from the keys as the pool holds them)."""
+                 device: torch.device, forecast=None,
+                 allocator: SlotAllocator | None = None) -> None:  # fmt: skip
+        """Quest summaries are in the pool's dtype, fp8 for an fp8 pool: exact, as they are
+        folded from the keys as the pool holds them."""
         self.sparse, self.device, self.host, self.forecast = sparse, device, host_pool, forecast
         self.L, self.num_pages, self.Hkv, _, self.P, self.D = host_pool.shape
         self.unit_bytes = 2 * self.P * self.D * host_pool.element_size()
@@ -72,7 +72,7 @@ class TieredKV:
         self._acc = torch.zeros(len(COUNTERS), dtype=torch.long, device=device)
         self.residency = Residency(host_pool, self.num_slots, device, self._acc, allocator,
                                    sparse.eviction)  # fmt: skip
-        self.selection = Selection(sparse, host_pool, device, summary_dtype)
+        self.selection = Selection(sparse, host_pool, device)
         self.prefetcher = Prefetcher(sparse, self.residency, self.selection, self._acc, self.Hkv)
         self.policy = PrefetchPolicy(sparse, self._acc, self.unit_bytes, device)
         res = self.residency
