@@ -126,7 +126,7 @@ def time_kernel_in_graph(device: str) -> dict:
 def check_w4a16(rows: list[dict], device: str) -> None:
     """The W4A16 kernel against its torch reference at the 8B shape's linears."""
     from engine.loading.int4_groups import int4_groups
-    from kernels.w4a16 import candidates, launch, pack_int4, w4a16, w4a16_reference
+    from kernels.w4a16 import KERNELS, candidates, launch, pack_int4, w4a16, w4a16_reference
 
     g = torch.Generator(device=device).manual_seed(0)
     for t, n, k in ((1, 6144, 4096), (1, 4096, 14336), (5, 28672, 4096)):
@@ -136,9 +136,10 @@ def check_w4a16(rows: list[dict], device: str) -> None:
         scale, zero = scale.to(dt), zero.to(dt)
         ref = w4a16_reference(x, packed, scale, zero)
         outs = {"chosen": w4a16(x, packed, scale, zero, use_triton=device == "cuda")}
-        if device == "cuda":  # the first configuration too
-            first = candidates(n, k)[0]
-            outs[f"config {first}"] = launch(x, packed, scale, zero, first, t).to(dt)
+        if device == "cuda":  # each kernel's first configuration too
+            for kernel in KERNELS:
+                first = next(c for c in candidates(n, k) if c[4] == kernel)
+                outs[f"config {first}"] = launch(x, packed, scale, zero, first, t).to(dt)
         for label, ours in outs.items():
             err = (ours.float() - ref.float()).abs().max().item()
             rows.append({"check": f"w4a16 {t}x{k} -> {n} ({label}) vs reference",

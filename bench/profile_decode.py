@@ -71,7 +71,7 @@ def _ours(*names: str) -> str:
 # kernel kinds by name: ours (kernels/*.py) by their Triton function names, cuBLAS's by its
 # kernel families; the first pattern that matches wins
 KINDS = (
-    ("weights: GEMV (cuBLAS, W4A16)", _ours("_w4a16_kernel") + r"|gemm|gemv|cutlass|xmma|nvjet"),
+    ("weights: GEMV (cuBLAS, W4A16)", _ours("_w4a16_kernel", "_w4a16_words_kernel") + r"|gemm|gemv|cutlass|xmma|nvjet"),
     ("weights: split-K reductions (cuBLAS, W4A16)", _ours("_sum_splits_kernel") + r"|splitkreduce"),
     ("attention and its split combine", _ours("_paged_decode_kernel", "_combine_kernel",
                                               "_sparse_decode_kernel", "_sparse_combine_kernel")),

@@ -129,7 +129,7 @@ out["synthetic_query"] = build(_synthetic_query_kernel, {"FIRST": "*fp32", "SEEN
                                "N_SEEN": i32, "BUDGETS": i32, "OUT": "*fp32", "CLOCK": i64, "salt": "i32",
                                "M": "i32", "recurring": "fp32", "s_sb": "i32", "s_sh": "i32",
                                "T": "i32"}, {"HKV": 8, "RECURRING": True, "DROP_P": 0.15, "BLOCK": 1024}, 4)
-from kernels.w4a16 import _w4a16_kernel
+from kernels.w4a16 import _w4a16_kernel, _w4a16_words_kernel
 w4_sig = {"X": "*bf16", "PACKED": "*u8", "SCALE": "*bf16", "ZERO": "*bf16", "OUT": "*fp32",
           "T": "i32", "N": "i32", "K": "i32", "K_SHARE": "i32", "stride_x": "i32",
           "stride_p": "i32", "stride_s": "i32", "stride_os": "i32", "stride_ot": "i32"}
@@ -138,6 +138,12 @@ for t, n, k, warps in ((1, 16, 128, 4), (1, 64, 256, 8), (16, 16, 128, 4), (16, 
                        (16, 64, 256, 8)):
     out[f"w4a16/{t}x{n}x{k}/{warps}"] = build(_w4a16_kernel, w4_sig,
                                              {"BLOCK_T": t, "BLOCK_N": n, "BLOCK_K": k}, warps)
+words_sig = {("WORDS" if n == "PACKED" else "stride_w" if n == "stride_p" else n):
+             ("*i32" if n == "PACKED" else ty) for n, ty in w4_sig.items()}
+for t, n, k, warps in ((1, 16, 1024, 4), (1, 64, 1024, 8), (16, 16, 128, 4), (16, 64, 256, 8)):
+    out[f"w4a16 words/{t}x{n}x{k}/{warps}"] = build(_w4a16_words_kernel, words_sig,
+                                                   {"BLOCK_T": t, "BLOCK_N": n, "BLOCK_K": k},
+                                                   warps)
 from kernels.step_units import _units_kernel
 out["step_units"] = build(_units_kernel, {"BT": i32, "PAGES": i32, "COUNTS": i32, "UNITS": i64,
                           "VALID": "*i8", "ACC": i64, "s_bt": "i32", "W": "i32", "M": "i32",

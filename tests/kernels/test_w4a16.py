@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels.w4a16 import (
+    KERNELS,
     candidates,
     dequantize,
     launch,
@@ -36,19 +37,48 @@ def test_packing_round_trips_and_dequantizes_per_group():
     assert torch.allclose(w[2, 33], q[2, 33].float() * scale[2, 1] + zero[2, 1])
 
 
+def first_of(kernel: str, n: int, k: int):
+    """The kernel's first timed configuration (K blocks of 128 where it times none)."""
+    return next((c for c in candidates(n, k) if c[4] == kernel), (16, 128, 1, 4, kernel))
+
+
 @needs_triton
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("t,n,k", [(1, 40, 256), (3, 96, 512), (16, 33, 128), (5, 64, 1024)])
-def test_kernel_matches_the_reference(dtype, t, n, k):
+def test_kernel_matches_the_reference(kernel, dtype, t, n, k):
     q, scale, zero = groups(n, k, seed=t + n)
     packed = pack_int4(q).to(DEVICE)
     scale, zero = scale.to(dtype).to(DEVICE), zero.to(dtype).to(DEVICE)
     x = torch.randn(t, k, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
-    ours = w4a16(x, packed, scale, zero, use_triton=True)
+    ours = launch(x, packed, scale, zero, first_of(kernel, n, k), t)
     ref = w4a16_reference(x, packed, scale, zero)
     assert ours.shape == (t, n) and ours.dtype == dtype
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), ref.float(), atol=tol, rtol=tol)
+    if kernel == KERNELS[0]:  # the entry point takes the default configuration here
+        assert torch.equal(w4a16(x, packed, scale, zero, use_triton=True), ours)
+
+
+@needs_triton
+def test_word_kernel_reads_every_nibble_at_every_slot_exactly():
+    """Each of the 16 values at each of a word's 8 slots, against x of every size the
+    activations take: the word kernel's floats 1 + q / 16 and 1 + q / 256 lose nothing that
+    bf16 or fp16 keep (its fp32 result within 1e-5 of the exact one, relative; the byte
+    kernel's within ~1e-7: the 1 + q / 256 floats give up 8 of fp32's 24 bits)."""
+    k = 128
+    q = torch.arange(16, dtype=torch.uint8).repeat_interleave(8).repeat(k // 128)  # [k]
+    rows = torch.stack([q.roll(8 * r) for r in range(16)])  # each value at each slot
+    packed = pack_int4(rows).to(DEVICE)
+    g = torch.Generator().manual_seed(5)
+    scale = (torch.rand(16, k // 32, generator=g) * 0.02 + 0.001).to(DEVICE)
+    zero = (torch.randn(16, k // 32, generator=g) * 0.01).to(DEVICE)
+    for magnitude in (1e-3, 1.0, 3e3):
+        x = (torch.randn(2, k, generator=g) * magnitude).to(DEVICE)
+        exact = x.double() @ dequantize(packed, scale, zero).double().T
+        ours = launch(x, packed, scale, zero, first_of("words", 16, k), 2)
+        err = ((ours.double() - exact).abs().max() / exact.abs().max()).item()
+        assert err < 1e-5, (magnitude, err)
 
 
 @needs_triton
@@ -62,7 +92,10 @@ def test_split_k_matches_the_reference_and_a_row_sums_alike_alone_or_with_others
     ref = w4a16_reference(x, packed, scale, zero)
     mine = candidates(n, k)
     assert len({c[2] for c in mine}) > 1  # several K splits among them
-    for config in (mine[0], max(mine, key=lambda c: c[2])):
+    assert {c[4] for c in mine} == set(KERNELS)  # both kernels are timed
+    firsts = [first_of(kernel, n, k) for kernel in KERNELS]
+    most = [max((c for c in mine if c[4] == kernel), key=lambda c: c[2]) for kernel in KERNELS]
+    for config in firsts + most:
         rows = launch(x, packed, scale, zero, config, 5)
         torch.testing.assert_close(rows, ref, atol=1e-4, rtol=1e-4)
         alone = torch.cat([launch(x[i : i + 1], packed, scale, zero, config, 1) for i in range(5)])
