@@ -34,9 +34,9 @@ SIGNATURE = {"X": "*bf16", "PACKED": "*u8", "SCALE": "*bf16", "ZERO": "*bf16", "
              "stride_p": "i32", "stride_s": "i32", "stride_os": "i32", "stride_ot": "i32"}  # fmt: skip
 DIVISIBLE = ("X", "PACKED", "SCALE", "ZERO", "OUT", "N", "K", "K_SHARE", "stride_x", "stride_p",
              "stride_s", "stride_os", "stride_ot")  # fmt: skip
-# (BLOCK_N, BLOCK_K, num_warps): the H200's choices for the 8B's four linears, the word
-# kernel's widest rows and a shorter K block
-BLOCKS = ((16, 1024, 4), (16, 1024, 8), (32, 1024, 4), (64, 1024, 8), (128, 1024, 8), (32, 256, 4))
+# (BLOCK_N, BLOCK_K, num_warps): the H200's choices for the 8B's four linears and a shorter K
+# block
+BLOCKS = ((16, 1024, 4), (16, 1024, 8), (32, 1024, 4), (64, 1024, 8), (32, 256, 4))
 
 
 def kernel_signature(kernel: str) -> dict[str, str]:

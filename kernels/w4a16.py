@@ -33,9 +33,11 @@ one LOP3 each: the floats 1 + q / 256 and 1 + q / 16, exact, with no int-to-floa
 conversion (an I2F issues at 16 a clock per SM on sm_90, an FFMA at 128). x is scaled to
 match (256x and 16x), so that sum(v x') = sum(q x) + sum(x'), and the second sum, shared by
 every row, is subtracted once per group: an fp32 result within a few 1e-6 of the exact one,
-relative (the floats 1 + q / 256 give up 8 of fp32's 24 bits; bf16 keeps 8). Compiled for sm_90 (`python -m bench.w4a16_sass`), its loop takes
-5.0-5.6 instructions a weight and no conversion, against 6.1-6.5 with one I2F a weight
-for the byte kernel at the blocks the H200 chose.
+relative (the floats 1 + q / 256 give up 8 of fp32's 24 bits; bf16 keeps 8). Compiled for
+sm_90 (`python -m bench.w4a16_sass`), its loop takes 5.0-5.5 instructions a weight and no
+conversion at three of the four blocks the H200 chose for the byte kernel, which takes
+6.1-6.6 with one I2F a weight (at 16 rows and 8 warps the word kernel takes 6.95: x's values
+are shared by fewer rows a thread).
 """
 
 from __future__ import annotations
@@ -229,12 +231,13 @@ def candidates(n: int, k: int) -> list[Config]:
     kernel), then the same blocks by the word kernel."""
     out = []
     for kernel in KERNELS:
-        # (the word kernel shares x's values among more rows a thread: 128 rows too; with
-        # K blocks of 128 it compiles to more instructions a weight than the byte kernel)
+        # (compiled for sm_90, the word kernel's K blocks of 128 take more instructions a
+        # weight than the byte kernel's; its 128 rows 4% fewer than 64 at one row, but at a
+        # verification's 4 and 8 rows 7x and 6x the register spills)
         for block_k in (128, 256, 512, 1024):
             if k % block_k or (kernel == "words" and block_k < 256):
                 continue
-            for block_n in (16, 32, 64) if kernel == "bytes" else (16, 32, 64, 128):
+            for block_n in (16, 32, 64):
                 split = _splits(n, k, block_n, block_k)
                 for s in (split // 2, split, split * 2):
                     if s >= 1 and k % (block_k * s) == 0:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILE = """
 import json
 from bench.w4a16_sass import profile
-rows = [profile(kernel, *blocks) for blocks in ((32, 1024, 4), (128, 1024, 8))
+rows = [profile(kernel, *blocks) for blocks in ((32, 1024, 4), (64, 1024, 8))
         for kernel in ("bytes", "words")]
 print(json.dumps(rows))
 """
