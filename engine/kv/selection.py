@@ -127,12 +127,14 @@ class Selection:
             )
         # each sequence's own budget (the step's is the longest one's): its pages do not
         # depend on what else is in the batch; computed once per step (every layer and the
-        # prefetch get the same lengths tensor)
+        # prefetch get the same lengths tensor), int32 as the select kernels take it (not a
+        # cast kernel a layer)
         cached = self._seq_budgets
         if cached is not None and cached[0] is kv_lens and cached[1] == budget:
             budgets = cached[2]
         else:
             budgets = self.budget_pages((kv_lens.long() + P - 1) // P).clamp(max=budget)
+            budgets = budgets.to(torch.int32)
             self._seq_budgets = (kv_lens, budget, budgets)
         rule = SelectRule(P, budget, sp.sink_pages, sp.window_pages,
                           width=None if sp.tail_pages else budget)  # fmt: skip
