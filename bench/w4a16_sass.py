@@ -57,6 +57,8 @@ def disassemble(kernel: str, block_n: int, block_k: int, warps: int) -> str:
 
     fn = _w4a16_kernel if kernel == "bytes" else _w4a16_words_kernel
     consts = {"BLOCK_T": 1, "BLOCK_N": block_n, "BLOCK_K": block_k}
+    if kernel == "words":
+        consts["ASM"] = True  # (as on a GPU)
     sig = kernel_signature(kernel)
     divisible = [("WORDS" if n == "PACKED" else "stride_w" if n == "stride_p" else n)
                  if kernel == "words" else n for n in DIVISIBLE]  # fmt: skip

@@ -28,16 +28,17 @@ once per call into a bf16 temporary and multiplied by F.linear (compute-bound th
 
 A second kernel, "words", is timed beside it per shape: the same bytes read as int32 words of
 8 weights (nibble i of a word, weight 8m + i, at bits 4i), each pair of nibbles shifted once
-so that they sit at mantissa bits 15-18 and 19-22, then masked and given 1.0's exponent in
-one LOP3 each: the floats 1 + q / 256 and 1 + q / 16, exact, with no int-to-float
-conversion (an I2F issues at 16 a clock per SM on sm_90, an FFMA at 128). x is scaled to
-match (256x and 16x), so that sum(v x') = sum(q x) + sum(x'), and the second sum, shared by
-every row, is subtracted once per group: an fp32 result within a few 1e-6 of the exact one,
-relative (the floats 1 + q / 256 give up 8 of fp32's 24 bits; bf16 keeps 8). Compiled for
-sm_90 (`python -m bench.w4a16_sass`), its loop takes 5.0-5.5 instructions a weight and no
-conversion at three of the four blocks the H200 chose for the byte kernel, which takes
-6.1-6.6 with one I2F a weight (at 16 rows and 8 warps the word kernel takes 6.95: x's values
-are shared by fewer rows a thread).
+so that they sit at mantissa bits 15-18 and 19-22, then masked and given the exponents of
+256.0 and 16.0 in one LOP3 each: the floats 256 + q and 16 + q, exact, with no int-to-float
+conversion (an I2F issues at 16 a clock per SM on sm_90, an FFMA at 128). So sum(v x) =
+sum(q x) + 256 sum(x at even slots) + 16 sum(x at odd ones), and the last two, shared by
+every row, are subtracted once per group: an fp32 result within a few 1e-6 of the exact one,
+relative (the floats 256 + q give up 8 of fp32's 24 bits; bf16 keeps 8). x's 8 values for a
+word are one load, split in registers. Compiled for sm_90 (bench.w4a16_sass) at the four
+blocks the H200 chose for the byte kernel, its loop takes 4.6-6.1 instructions a weight with
+Triton 3.6 (the H200's) and 3.9-4.9 with 3.9, and no conversion; the byte kernel's 5.9-6.8,
+one of them an I2F. (Triton 3.6's ptxas leaves (a & b) | c as two instructions: on a GPU the
+masks are written as PTX lop3, one each.)
 """
 
 from __future__ import annotations
@@ -45,14 +46,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import HAS_TRITON
+from kernels import HAS_TRITON, INTERPRET
 
 GROUP = 32
 MAX_ROWS = 16  # rows of x one launch multiplies (an unrolled pass each over the unpacked weights)
 
+# The word kernel's masks as PTX lop3 (immLut 0xEA: (a & b) | c): nibbles at bits 15-18 into
+# 256.0's mantissa, at bits 19-22 into 16.0's
+LO_MASK, LO_EXP, HI_MASK, HI_EXP, AND_OR_LUT = 0x78000, 0x43800000, 0x780000, 0x41800000, 0xEA
+
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    LO_ASM: tl.constexpr = tl.constexpr(
+        f"lop3.b32 $0, $1, {LO_MASK:#x}, {LO_EXP:#x}, {AND_OR_LUT:#x};"
+    )
+    HI_ASM: tl.constexpr = tl.constexpr(
+        f"lop3.b32 $0, $1, {HI_MASK:#x}, {HI_EXP:#x}, {AND_OR_LUT:#x};"
+    )
 
     @triton.jit
     def _w4a16_kernel(
@@ -101,23 +113,31 @@ if HAS_TRITON:
         )  # fmt: skip
 
     @triton.jit
-    def _nibble_pair(w, SHIFT: tl.constexpr):
-        """Nibbles 2m and 2m + 1 of int32 words w (bits 8m..8m+7) as the floats 1 + q / 256
-        and 1 + q / 16: w shifted by SHIFT (right; negative: left) puts them at bits 15-18
-        and 19-22, inside the mantissa of 1.0 (0x3F800000)."""
+    def _nibble_pair(w, SHIFT: tl.constexpr, ASM: tl.constexpr):
+        """Nibbles 2m and 2m + 1 of int32 words w (bits 8m..8m+7) as the floats 256 + q and
+        16 + q: w shifted by SHIFT (right; negative: left) puts them at bits 15-18 and 19-22,
+        inside the mantissas of 256.0 (0x43800000) and 16.0 (0x41800000). ASM: each as one
+        lop3 ((a & b) | c), which an older ptxas (Triton 3.6's) leaves as two instructions."""
         u = w >> SHIFT if SHIFT > 0 else w << -SHIFT
-        lo = ((u & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True)
-        hi = ((u & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-        return lo, hi
+        if ASM:
+            lo = tl.inline_asm_elementwise(LO_ASM, "=r,r", [u], dtype=tl.int32, is_pure=True,
+                                           pack=1)  # fmt: skip
+            hi = tl.inline_asm_elementwise(HI_ASM, "=r,r", [u], dtype=tl.int32, is_pure=True,
+                                           pack=1)  # fmt: skip
+        else:
+            lo = (u & 0x78000) | 0x43800000
+            hi = (u & 0x780000) | 0x41800000
+        return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
     @triton.jit
     def _w4a16_words_kernel(
         X, WORDS, SCALE, ZERO, OUT, T, N, K, K_SHARE,
         stride_x, stride_w, stride_s, stride_os, stride_ot,
-        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
     ):  # fmt: skip
         """_w4a16_kernel's result from int32 words of 8 weights, their nibbles turned to
-        floats by bit masks (the module's docstring)."""
+        floats by bit masks (the module's docstring). ASM: the masks as inline PTX (on a
+        GPU; the interpreter runs the same operations in Triton)."""
         pid_n = tl.program_id(0)
         split = tl.program_id(1)
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -125,43 +145,48 @@ if HAS_TRITON:
         G: tl.constexpr = BLOCK_K // 32
         groups = tl.arange(0, G)
         j4 = tl.arange(0, 4)  # the 4 words of a group
+        e8 = tl.arange(0, 8)  # the 8 weights of a word
         ts = tl.arange(0, BLOCK_T)
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         k_lo = split * K_SHARE
         for k0 in range(k_lo, k_lo + K_SHARE, BLOCK_K):
             # [BLOCK_N, G, 4]: word j of group g holds weights 32g + 8j .. 32g + 8j + 7
+            # (a K block's words and x's values start at multiples of BLOCK_K: said to the
+            # compiler, they load in 16-byte vectors)
+            kw = tl.multiple_of(k0 // 8, BLOCK_K // 8)
             w = tl.load(
-                WORDS + rows[:, None, None] * stride_w + (k0 // 8 + groups * 4)[None, :, None]
+                WORDS + rows[:, None, None] * stride_w + (kw + groups * 4)[None, :, None]
                 + j4[None, None, :], mask=row_ok[:, None, None], other=0,
             )  # fmt: skip
-            v0, v1 = _nibble_pair(w, -15)
-            v2, v3 = _nibble_pair(w, -7)
-            v4, v5 = _nibble_pair(w, 1)
-            v6, v7 = _nibble_pair(w, 9)
+            v0, v1 = _nibble_pair(w, -15, ASM)
+            v2, v3 = _nibble_pair(w, -7, ASM)
+            v4, v5 = _nibble_pair(w, 1, ASM)
+            v6, v7 = _nibble_pair(w, 9, ASM)
             g = k0 // 32 + groups
             s = tl.load(SCALE + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
                         other=0.0).to(tl.float32)  # fmt: skip
             z = tl.load(ZERO + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
                         other=0.0).to(tl.float32)  # fmt: skip
             for t in tl.static_range(BLOCK_T):
-                xt = X + t * stride_x + k0 + groups[:, None] * 32 + j4[None, :] * 8  # [G, 4]
-                t_ok = (j4[None, :] * 0 + t) < T
-                # x' = 256 x at the even slots (v = 1 + q / 256), 16 x at the odd ones
-                x0 = tl.load(xt, mask=t_ok, other=0.0).to(tl.float32) * 256.0
-                x1 = tl.load(xt + 1, mask=t_ok, other=0.0).to(tl.float32) * 16.0
-                x2 = tl.load(xt + 2, mask=t_ok, other=0.0).to(tl.float32) * 256.0
-                x3 = tl.load(xt + 3, mask=t_ok, other=0.0).to(tl.float32) * 16.0
-                x4 = tl.load(xt + 4, mask=t_ok, other=0.0).to(tl.float32) * 256.0
-                x5 = tl.load(xt + 5, mask=t_ok, other=0.0).to(tl.float32) * 16.0
-                x6 = tl.load(xt + 6, mask=t_ok, other=0.0).to(tl.float32) * 256.0
-                x7 = tl.load(xt + 7, mask=t_ok, other=0.0).to(tl.float32) * 16.0
+                # a word's 8 values of x in one load, [G, 4, 8], split into the 8 slots
+                xt = X + t * stride_x + tl.multiple_of(k0, BLOCK_K) + groups[:, None, None] * 32
+                t_ok = (e8[None, None, :] * 0 + j4[None, :, None] * 0 + t) < T
+                x8 = tl.load(xt + j4[None, :, None] * 8 + e8[None, None, :], mask=t_ok,
+                             other=0.0).to(tl.float32)  # fmt: skip
+                ev, od = tl.split(tl.reshape(x8, (G, 4, 4, 2)))  # slots 0 2 4 6 | 1 3 5 7
+                ev04, ev26 = tl.split(tl.reshape(ev, (G, 4, 2, 2)))
+                od15, od37 = tl.split(tl.reshape(od, (G, 4, 2, 2)))
+                x0, x4 = tl.split(ev04)
+                x2, x6 = tl.split(ev26)
+                x1, x5 = tl.split(od15)
+                x3, x7 = tl.split(od37)
                 d = v0 * x0[None] + v1 * x1[None] + v2 * x2[None] + v3 * x3[None]
                 d += v4 * x4[None] + v5 * x5[None] + v6 * x6[None] + v7 * x7[None]
-                # sum v x' = sum q x + sum x'; the zero point meets sum x
-                shifted = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7  # [G, 4]
-                plain = (x0 + x2 + x4 + x6) * (1.0 / 256.0) + (x1 + x3 + x5 + x7) * (1.0 / 16.0)
-                qx = tl.sum(d, axis=2) - tl.sum(shifted, axis=1)[None, :]  # [BLOCK_N, G]
-                part = tl.sum(s * qx + z * tl.sum(plain, axis=1)[None, :], axis=1)  # [BLOCK_N]
+                # sum v x = sum q x + 256 sum(x at even slots) + 16 sum(x at odd ones)
+                even, odd = x0 + x2 + x4 + x6, x1 + x3 + x5 + x7  # [G, 4]
+                offset = tl.sum(even * 256.0 + odd * 16.0, axis=1)  # [G]
+                qx = tl.sum(d, axis=2) - offset[None, :]  # [BLOCK_N, G]
+                part = tl.sum(s * qx + z * tl.sum(even + odd, axis=1)[None, :], axis=1)
                 acc = tl.where((ts == t)[:, None], acc + part[None, :], acc)
         t_ok = ts < T
         tl.store(
@@ -228,16 +253,16 @@ def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
 
 def candidates(n: int, k: int) -> list[Config]:
     """The configurations a GPU times for one weight shape: the default first (the byte
-    kernel), then the same blocks by the word kernel."""
+    kernel), then the word kernel's (16 or 32 rows)."""
     out = []
     for kernel in KERNELS:
-        # (compiled for sm_90, the word kernel's K blocks of 128 take more instructions a
-        # weight than the byte kernel's; its 128 rows 4% fewer than 64 at one row, but at a
-        # verification's 4 and 8 rows 7x and 6x the register spills)
+        # (the word kernel's 64 rows, compiled for sm_90 by Triton 3.6, take 2.3x the
+        # instructions a weight and row of 32 at a verification's 4 rows, spilling registers:
+        # bench.w4a16_sass)
         for block_k in (128, 256, 512, 1024):
-            if k % block_k or (kernel == "words" and block_k < 256):
+            if k % block_k:
                 continue
-            for block_n in (16, 32, 64):
+            for block_n in (16, 32, 64) if kernel == "bytes" else (16, 32):
                 split = _splits(n, k, block_n, block_k)
                 for s in (split // 2, split, split * 2):
                     if s >= 1 and k % (block_k * s) == 0:
@@ -268,10 +293,12 @@ def launch(x, packed, scale, zero, config, T: int):
     out = torch.empty(T, N, device=x.device, dtype=x.dtype)
     parts = out if split == 1 else torch.empty(split, T, N, device=x.device, dtype=torch.float32)
     block_t = 1 if T == 1 else triton.next_power_of_2(T)
+    extra = {"ASM": x.is_cuda and not INTERPRET} if kernel == "words" else {}
     fn[(triton.cdiv(N, block_n), split)](
         x, weights, scale, zero, parts, T, N, K, K // split,
         x.stride(0), weights.stride(0), scale.stride(0), parts.stride(0) if split > 1 else 0,
         parts.stride(-2), BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        **extra,
     )  # fmt: skip
     if split > 1:
         _sum_splits_kernel[(triton.cdiv(T * N, SUM_BLOCK),)](

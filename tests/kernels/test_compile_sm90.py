@@ -142,8 +142,8 @@ words_sig = {("WORDS" if n == "PACKED" else "stride_w" if n == "stride_p" else n
              ("*i32" if n == "PACKED" else ty) for n, ty in w4_sig.items()}
 for t, n, k, warps in ((1, 16, 1024, 4), (1, 64, 1024, 8), (16, 16, 128, 4), (16, 64, 256, 8)):
     out[f"w4a16 words/{t}x{n}x{k}/{warps}"] = build(_w4a16_words_kernel, words_sig,
-                                                   {"BLOCK_T": t, "BLOCK_N": n, "BLOCK_K": k},
-                                                   warps)
+                                                   {"BLOCK_T": t, "BLOCK_N": n, "BLOCK_K": k,
+                                                    "ASM": True}, warps)
 from kernels.step_units import _units_kernel
 out["step_units"] = build(_units_kernel, {"BT": i32, "PAGES": i32, "COUNTS": i32, "UNITS": i64,
                           "VALID": "*i8", "ACC": i64, "s_bt": "i32", "W": "i32", "M": "i32",

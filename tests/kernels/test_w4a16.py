@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import HAS_TRITON
 from kernels.w4a16 import (
     KERNELS,
     candidates,
@@ -38,8 +39,8 @@ def test_packing_round_trips_and_dequantizes_per_group():
 
 
 def first_of(kernel: str, n: int, k: int):
-    """The kernel's first timed configuration (K blocks of 128 where it times none)."""
-    return next((c for c in candidates(n, k) if c[4] == kernel), (16, 128, 1, 4, kernel))
+    """The kernel's first timed configuration."""
+    return next(c for c in candidates(n, k) if c[4] == kernel)
 
 
 @needs_triton
@@ -63,9 +64,9 @@ def test_kernel_matches_the_reference(kernel, dtype, t, n, k):
 @needs_triton
 def test_word_kernel_reads_every_nibble_at_every_slot_exactly():
     """Each of the 16 values at each of a word's 8 slots, against x of every size the
-    activations take: the word kernel's floats 1 + q / 16 and 1 + q / 256 lose nothing that
+    activations take: the word kernel's floats 16 + q and 256 + q lose nothing that
     bf16 or fp16 keep (its fp32 result within 1e-5 of the exact one, relative; the byte
-    kernel's within ~1e-7: the 1 + q / 256 floats give up 8 of fp32's 24 bits)."""
+    kernel's within ~1e-7: the floats 256 + q give up 8 of fp32's 24 bits)."""
     k = 128
     q = torch.arange(16, dtype=torch.uint8).repeat_interleave(8).repeat(k // 128)  # [k]
     rows = torch.stack([q.roll(8 * r) for r in range(16)])  # each value at each slot
@@ -118,6 +119,33 @@ def test_more_rows_than_one_launch_take_the_dequantized_weight():
     ours = w4a16(x, packed, scale.to(DEVICE), zero.to(DEVICE), use_triton=True)
     torch.testing.assert_close(ours, w4a16_reference(x, packed, scale.to(DEVICE), zero.to(DEVICE)),
                                atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_the_word_kernels_lop3_is_the_mask_and_exponent_it_stands_for():
+    """On a GPU the word kernel's masks are PTX lop3 with a truth table (the interpreter
+    runs the Triton operations instead): the table, read bit by bit, is (w & mask) | exp."""
+    from kernels import w4a16 as w
+
+    def lop3(a: int, b: int, c: int, lut: int) -> int:
+        out = 0
+        for bit in range(32):
+            i = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
+            out |= ((lut >> i) & 1) << bit
+        return out
+
+    g = torch.Generator().manual_seed(9)
+    words = torch.randint(0, 2**32, (64,), generator=g, dtype=torch.int64).tolist()
+    for mask, exp in ((w.LO_MASK, w.LO_EXP), (w.HI_MASK, w.HI_EXP)):
+        for word in words:
+            assert lop3(word, mask, exp, w.AND_OR_LUT) == (word & mask) | exp
+    assert w.LO_ASM.value == f"lop3.b32 $0, $1, {w.LO_MASK:#x}, {w.LO_EXP:#x}, {w.AND_OR_LUT:#x};"
+    assert w.HI_ASM.value == f"lop3.b32 $0, $1, {w.HI_MASK:#x}, {w.HI_EXP:#x}, {w.AND_OR_LUT:#x};"
+    # the exponents: 256.0 and 16.0, and a nibble q at bits 15-18 / 19-22 adds q to each
+    for q in range(16):
+        lo = torch.tensor([w.LO_EXP | (q << 15)], dtype=torch.int32).view(torch.float32)
+        hi = torch.tensor([w.HI_EXP | (q << 19)], dtype=torch.int32).view(torch.float32)
+        assert (lo.item(), hi.item()) == (256.0 + q, 16.0 + q)
 
 
 def test_bad_shapes_are_refused_by_name():
