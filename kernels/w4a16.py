@@ -35,8 +35,8 @@ sum(q x) + 256 sum(x at even slots) + 16 sum(x at odd ones), and the last two, s
 every row, are subtracted once per group: an fp32 result within a few 1e-6 of the exact one,
 relative (the floats 256 + q give up 8 of fp32's 24 bits; bf16 keeps 8). x's 8 values for a
 word are one load, split in registers. Compiled for sm_90 (bench.w4a16_sass) at the four
-blocks the H200 chose for the byte kernel, its loop takes 4.6-6.1 instructions a weight with
-Triton 3.6 (the H200's) and 3.9-4.9 with 3.9, and no conversion; the byte kernel's 5.9-6.8,
+blocks the H200 chose for the byte kernel, its loop takes 4.7-6.2 instructions a weight with
+Triton 3.6 (the H200's) and 3.9-5.0 with 3.9, and no conversion; the byte kernel's 5.9-7.0,
 one of them an I2F. (Triton 3.6's ptxas leaves (a & b) | c as two instructions: on a GPU the
 masks are written as PTX lop3, one each.)
 """
@@ -67,6 +67,21 @@ if HAS_TRITON:
     )
 
     @triton.jit
+    def _group_scales(SCALE, ZERO, rows, row_ok, stride_s, g):
+        """The scales and zero points [BLOCK_N, G] of groups g of the rows, in fp32."""
+        at = rows[:, None] * stride_s + g[None, :]
+        s = tl.load(SCALE + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        z = tl.load(ZERO + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        return s, z
+
+    @triton.jit
+    def _store_rows(OUT, acc, ts, T, rows, row_ok, stride_ot):
+        """acc [BLOCK_T, BLOCK_N] (x's rows t < T, the weight's rows) in OUT's dtype."""
+        t_ok = ts < T
+        tl.store(OUT + ts[:, None] * stride_ot + rows[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=t_ok[:, None] & row_ok[None, :])  # fmt: skip
+
+    @triton.jit
     def _w4a16_kernel(
         X, PACKED, SCALE, ZERO, OUT, T, N, K, K_SHARE,
         stride_x, stride_p, stride_s, stride_os, stride_ot,
@@ -91,11 +106,7 @@ if HAS_TRITON:
             ).to(tl.int32)  # fmt: skip
             lo = tl.reshape(b & 15, (BLOCK_N, G, 16)).to(tl.float32)
             hi = tl.reshape(b >> 4, (BLOCK_N, G, 16)).to(tl.float32)
-            g = k0 // 32 + groups
-            s = tl.load(SCALE + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
-            z = tl.load(ZERO + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
+            s, z = _group_scales(SCALE, ZERO, rows, row_ok, stride_s, k0 // 32 + groups)
             # sum_k (q_k s + z) x_k = s * sum_k q_k x_k + z * sum_k x_k, per group of 32
             for t in tl.static_range(BLOCK_T):
                 xt = X + t * stride_x + k0 + 2 * half
@@ -106,11 +117,7 @@ if HAS_TRITON:
                 xs = tl.sum(xe + xo, axis=1)  # [G]
                 part = tl.sum(s * qx + z * xs[None, :], axis=1)  # [BLOCK_N]
                 acc = tl.where((ts == t)[:, None], acc + part[None, :], acc)
-        t_ok = ts < T
-        tl.store(
-            OUT + split * stride_os + ts[:, None] * stride_ot + rows[None, :],
-            acc.to(OUT.dtype.element_ty), mask=t_ok[:, None] & row_ok[None, :],
-        )  # fmt: skip
+        _store_rows(OUT + split * stride_os, acc, ts, T, rows, row_ok, stride_ot)
 
     @triton.jit
     def _nibble_pair(w, SHIFT: tl.constexpr, ASM: tl.constexpr):
@@ -162,11 +169,7 @@ if HAS_TRITON:
             v2, v3 = _nibble_pair(w, -7, ASM)
             v4, v5 = _nibble_pair(w, 1, ASM)
             v6, v7 = _nibble_pair(w, 9, ASM)
-            g = k0 // 32 + groups
-            s = tl.load(SCALE + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
-            z = tl.load(ZERO + rows[:, None] * stride_s + g[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
+            s, z = _group_scales(SCALE, ZERO, rows, row_ok, stride_s, k0 // 32 + groups)
             for t in tl.static_range(BLOCK_T):
                 # a word's 8 values of x in one load, [G, 4, 8], split into the 8 slots
                 xt = X + t * stride_x + tl.multiple_of(k0, BLOCK_K) + groups[:, None, None] * 32
@@ -188,11 +191,7 @@ if HAS_TRITON:
                 qx = tl.sum(d, axis=2) - offset[None, :]  # [BLOCK_N, G]
                 part = tl.sum(s * qx + z * tl.sum(even + odd, axis=1)[None, :], axis=1)
                 acc = tl.where((ts == t)[:, None], acc + part[None, :], acc)
-        t_ok = ts < T
-        tl.store(
-            OUT + split * stride_os + ts[:, None] * stride_ot + rows[None, :],
-            acc.to(OUT.dtype.element_ty), mask=t_ok[:, None] & row_ok[None, :],
-        )  # fmt: skip
+        _store_rows(OUT + split * stride_os, acc, ts, T, rows, row_ok, stride_ot)
 
     @triton.jit
     def _sum_splits_kernel(PARTS, OUT, SPLIT, TN, BLOCK: tl.constexpr):
