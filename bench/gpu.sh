@@ -14,7 +14,8 @@ TARGETS="kernels decode real-model real-quality sparse-128k sparse-500k spec ser
 usage() {
     cat >&2 <<EOF
 usage: bash bench/gpu.sh TARGET [STEP[,STEP...]]   (results under \$OUT, now $OUT)
-  kernels      kernel tests and engine checks on the GPU; sparse attention, top-k, gather
+  kernels      kernel tests and engine checks on the GPU; sparse attention, top-k, gather;
+               6: the two W4A16 kernels at the 8B's linears
   decode       8B-shape decode at 4K against transformers; KV reuse at 32K and 128K; where
                a 4K decode step's time goes (bench.profile_decode --dense)
   real-model   Qwen2.5-Coder-0.5B against llama.cpp's CUDA build (needs MODEL, REF,
@@ -71,6 +72,7 @@ kernels() {
     4) step select_bench 120 "$PY" -m bench.select_bench --contexts 131072 500000 --budgets 0.02 \
         --methods hist probe2 split torch --json "$OUT/select_bench.json" ;;
     5) step gather_overlap 120 "$PY" -m bench.gather_overlap --json "$OUT/gather_overlap.json" ;;
+    6) step w4a16_speed 300 "$PY" -m bench.w4a16_speed --json "$OUT/w4a16_speed.json" ;;
     *) return 1 ;;
     esac
 }

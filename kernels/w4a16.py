@@ -306,6 +306,23 @@ def launch(x, packed, scale, zero, config, T: int):
     return out
 
 
+def time_configs(x, packed, scale, zero, configs: list[Config]) -> dict[Config, float]:
+    """Each configuration's median ms for x's rows on a GPU (triton.testing.do_bench, the L2
+    flushed before each launch); one that does not build here (this Triton, this GPU) is
+    left out."""
+    times = {}
+    for c in configs:
+        try:
+            launch(x, packed, scale, zero, c, x.shape[0])  # (compiled first)
+        except Exception:  # noqa: BLE001 (a kernel this Triton or GPU cannot build)
+            continue
+        times[c] = triton.testing.do_bench(
+            lambda c=c: launch(x, packed, scale, zero, c, x.shape[0]), warmup=2, rep=12,
+            return_mode="median",
+        )  # fmt: skip
+    return times
+
+
 def _config(x, packed, scale, zero) -> Config:
     """The blocks for this weight: on a GPU the fastest of candidates for one row, timed
     once per shape (outside a CUDA graph's capture: the engine's warm-up step comes
@@ -315,8 +332,7 @@ def _config(x, packed, scale, zero) -> Config:
     Each launch is timed alone after the L2 cache is flushed (triton.testing.do_bench, the
     median): a decode step reads each weight once, from HBM, while back-to-back launches
     over one weight (12.6 MB for the 8B's qkv) read it from the 50 MB L2, which favoured
-    the configurations that suit a hot cache. A configuration that does not build here
-    (this Triton, this GPU) is skipped."""
+    the configurations that suit a hot cache (time_configs)."""
     N, K = packed.shape[0], x.shape[1]
     key = (N, K, x.dtype, x.device)
     chosen = _CHOSEN.get(key)
@@ -326,14 +342,7 @@ def _config(x, packed, scale, zero) -> Config:
     if not x.is_cuda or torch.cuda.is_current_stream_capturing():
         return cands[0]
     one = x[:1].contiguous()
-    times = {}
-    for c in cands:
-        try:
-            launch(one, packed, scale, zero, c, 1)  # (compiled first)
-        except Exception:  # noqa: BLE001 (a kernel this Triton or GPU cannot build)
-            continue
-        times[c] = triton.testing.do_bench(lambda c=c: launch(one, packed, scale, zero, c, 1),
-                                           warmup=2, rep=12, return_mode="median")  # fmt: skip
+    times = time_configs(one, packed, scale, zero, cands)
     if not times:  # (the default's own error, raised where it can be read)
         launch(one, packed, scale, zero, cands[0], 1)
     _CHOSEN[key] = chosen = min(times, key=times.get)
