@@ -73,7 +73,9 @@ def main() -> None:
     copy_bw = hbm_bandwidth()
     rows = []
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s")
-    print(f"| shape | kernel | config | ms (1 row) | GB/s | x floor | ms ({VERIFY_ROWS} rows) | ok |")
+    print(
+        f"| shape | kernel | config | ms (1 row) | GB/s | x floor | ms ({VERIFY_ROWS} rows) | ok |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
