@@ -138,7 +138,7 @@ def check_w4a16(rows: list[dict], device: str) -> None:
         outs = {"chosen": w4a16(x, packed, scale, zero, use_triton=device == "cuda")}
         if device == "cuda":  # each kernel's first configuration too
             for kernel in KERNELS:
-                first = next(c for c in candidates(n, k) if c[4] == kernel)
+                first = next(c for c in candidates(n, k, KERNELS) if c[4] == kernel)
                 try:
                     outs[f"config {first}"] = launch(x, packed, scale, zero, first, t).to(dt)
                 except Exception as e:  # noqa: BLE001 (a kernel this Triton cannot build)

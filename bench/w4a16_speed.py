@@ -41,7 +41,7 @@ def shape_rows(n: int, k: int, copy_bw: float) -> list[dict]:
     floor_ms = weight_bytes(n, k) / copy_bw * 1e3
     out = []
     for kernel in KERNELS:
-        configs = [c for c in candidates(n, k) if c[4] == kernel]
+        configs = [c for c in candidates(n, k, KERNELS) if c[4] == kernel]
         times = time_configs(x[:1].contiguous(), packed, scale, zero, configs)
         row = {"shape": f"{n}x{k}", "kernel": kernel, "configs_timed": len(times),
                "configs": len(configs), "floor_ms": floor_ms}  # fmt: skip

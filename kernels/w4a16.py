@@ -26,10 +26,10 @@ shape; the weights read as int32 words with the nibbles turned to floats by a bi
 bound it, not memory.) More than 16 rows of x (a prefill chunk): the weight is dequantized
 once per call into a bf16 temporary and multiplied by F.linear (compute-bound there).
 
-A second kernel, "words", is timed beside it per shape: the same bytes read as int32 words of
-8 weights (nibble i of a word, weight 8m + i, at bits 4i), each pair of nibbles shifted once
-so that they sit at mantissa bits 15-18 and 19-22, then masked and given the exponents of
-256.0 and 16.0 in one LOP3 each: the floats 256 + q and 16 + q, exact, with no int-to-float
+A second kernel, "words" (timed by bench.w4a16_speed, not by the engine): the same bytes read
+as int32 words of 8 weights (nibble i of a word, weight 8m + i, at bits 4i), each pair of
+nibbles shifted once so that they sit at mantissa bits 15-18 and 19-22, then masked and
+given the exponents of 256.0 and 16.0 in one LOP3 each: the floats 256 + q and 16 + q, exact, with no int-to-float
 conversion (an I2F issues at 16 a clock per SM on sm_90, an FFMA at 128). So sum(v x) =
 sum(q x) + 256 sum(x at even slots) + 16 sum(x at odd ones), and the last two, shared by
 every row, are subtracted once per group: an fp32 result within a few 1e-6 of the exact one,
@@ -38,7 +38,9 @@ word are one load, split in registers. Compiled for sm_90 (bench.w4a16_sass) at 
 blocks the H200 chose for the byte kernel, its loop takes 4.7-6.2 instructions a weight with
 Triton 3.6 (the H200's) and 3.9-5.0 with 3.9, and no conversion; the byte kernel's 5.9-7.0,
 one of them an I2F. (Triton 3.6's ptxas leaves (a & b) | c as two instructions: on a GPU the
-masks are written as PTX lop3, one each.)
+masks are written as PTX lop3, one each.) On the H200 it lost at every 8B shape, 0.75-0.93x the
+byte kernel's speed: neither the conversions nor the instruction count bound these GEMVs, so
+the engine times only the byte kernel (ENGINE_KERNELS).
 """
 
 from __future__ import annotations
@@ -250,11 +252,17 @@ def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
     return split
 
 
-def candidates(n: int, k: int) -> list[Config]:
+# the kernels the engine times at load: the word kernel lost to the byte kernel at every 8B
+# shape on the H200 (0.75-0.93x its speed, bench.w4a16_speed, docs/benchmarks.md), so only the
+# benchmarks time it
+ENGINE_KERNELS = ("bytes",)
+
+
+def candidates(n: int, k: int, kernels: tuple[str, ...] = ENGINE_KERNELS) -> list[Config]:
     """The configurations a GPU times for one weight shape: the default first (the byte
-    kernel), then the word kernel's (16 or 32 rows)."""
+    kernel), then the word kernel's (16 or 32 rows) where `kernels` names it."""
     out = []
-    for kernel in KERNELS:
+    for kernel in kernels:
         # (the word kernel's 64 rows, compiled for sm_90 by Triton 3.6, take 2.3x the
         # instructions a weight and row of 32 at a verification's 4 rows, spilling registers:
         # bench.w4a16_sass)
