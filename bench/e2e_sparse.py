@@ -303,9 +303,13 @@ def add_bytes_options(ap, several_evictions: bool) -> None:
                     help="int4: every layer's linears as 4-bit groups (the W4A16 kernel)")  # fmt: skip
     ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
                     help="the KV pool's dtype, both tiers (EngineConfig.kv_dtype)")  # fmt: skip
+    from engine.kv.sparse_config import SparseConfig
+
+    engine_default = SparseConfig.__dataclass_fields__["eviction"].default
     ap.add_argument("--eviction", nargs="+" if several_evictions else None,
-                    default=["value"] if several_evictions else "value", choices=["value", "clock"],
-                    help="the GPU tier's eviction (SparseConfig.eviction)"
+                    default=[engine_default] if several_evictions else engine_default,
+                    choices=["value", "clock"],
+                    help="the GPU tier's eviction (SparseConfig.eviction; its default)"
                     + (": each over the same engine" if several_evictions else ""))  # fmt: skip
 
 

@@ -48,10 +48,13 @@ class SparseConfig:
     # of its exact selection (how good the prediction is on its own, with no correction)
     forecast_only: bool = False
     gpu_kv_budget: int | None = None  # bytes for the GPU slot pools; None: room for all pages
-    # which slots a missing page takes (engine.kv.residency): "value" (the least valuable:
-    # free, then the oldest last read, then the fewest reads; a select over every slot) or
-    # "clock" (a hand over the ring of slots, second chance for a slot read since it passed)
-    eviction: str = "value"
+    # which slots a missing page takes (engine.kv.residency): "clock" (a hand over the ring of
+    # slots, second chance for a slot read since it passed; 4 kernels a layer: 1.05-1.14x the
+    # value eviction's decode speed at 128K on the H200, docs/benchmarks.md) or "value" (the
+    # least valuable: free, then the oldest last read, then the fewest reads; a select over
+    # every slot, 14 kernels a layer; on a real model it fetched 0.95x CLOCK's pages where the
+    # tier is small)
+    eviction: str = "clock"
     # benchmarks only: a verification fetches each query's missing pages in turn (False)
     # instead of the union once (True, the engine's way)
     verify_shared_fetch: bool = True
