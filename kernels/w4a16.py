@@ -38,7 +38,7 @@ word are one load, split in registers. Compiled for sm_90 (bench.w4a16_sass) at 
 blocks the H200 chose for the byte kernel, its loop takes 4.7-6.2 instructions a weight with
 Triton 3.6 (the H200's) and 3.9-5.0 with 3.9, and no conversion; the byte kernel's 5.9-7.0,
 one of them an I2F. (Triton 3.6's ptxas leaves (a & b) | c as two instructions: on a GPU the
-masks are written as PTX lop3, one each.) On the H200 it lost at every 8B shape, 0.75-0.93x the
+masks are written as PTX lop3, one each.) On the H200 it lost at every 8B shape, 0.76-0.93x the
 byte kernel's speed: neither the conversions nor the instruction count bound these GEMVs, so
 the engine times only the byte kernel (ENGINE_KERNELS).
 """
@@ -253,7 +253,7 @@ def _splits(n: int, k: int, block_n: int, block_k: int) -> int:
 
 
 # the kernels the engine times at load: the word kernel lost to the byte kernel at every 8B
-# shape on the H200 (0.75-0.93x its speed, bench.w4a16_speed, docs/benchmarks.md), so only the
+# shape on the H200 (0.76-0.93x its speed, bench.w4a16_speed, docs/benchmarks.md), so only the
 # benchmarks time it
 ENGINE_KERNELS = ("bytes",)
 
